@@ -1,0 +1,176 @@
+"""What every algorithm is made of: messages, phases, state and the hook set.
+
+A round is an ordered list of `Phase`s. A phase names a role (client, server,
+lps, graph), the algorithm method to run (`step(state, inbox, ctx) ->
+(state, outbox)`) and which participants of that role run it. The runtime runs
+the phases in order, in parallel across participants, and routes every outbox
+message to its destination's inbox. Algorithms never see Ray: the same methods
+run in one process (InlineExecutor) or in actors (RayExecutor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+Role = Literal["client", "server", "lps", "graph"]
+SERVER = "server"
+
+
+def client_name(index: int) -> str:
+    """The participant name of client `index` (message src/dst)."""
+    return f"client/{index}"
+
+
+def lps_name(index: int) -> str:
+    """The participant name of local parameter server `index`."""
+    return f"lps/{index}"
+
+
+def role_of(participant: str) -> str:
+    """'client/3' -> 'client'; 'server' -> 'server'."""
+    return participant.split("/", 1)[0]
+
+
+def index_of(participant: str) -> int:
+    """'client/3' -> 3; roles with a single participant -> 0."""
+    _, _, index = participant.partition("/")
+    return int(index) if index else 0
+
+
+@dataclass(frozen=True)
+class Message:
+    """Everything that crosses a role boundary: tensors from `src` to `dst`."""
+
+    src: str
+    dst: str
+    kind: str
+    tensors: dict[str, torch.Tensor]
+
+
+def payload_bits(tensors: dict[str, torch.Tensor]) -> int:
+    """Bits on the wire: sum of numel x bits of the dtype."""
+    return sum(t.numel() * t.element_size() * 8 for t in tensors.values())
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step of a round: `role` participants run `step`.
+
+    who: "all" participants of the role, the round's "sampled" clients, or only
+    those with messages waiting ("inbox").
+    """
+
+    role: str
+    step: str
+    who: Literal["all", "sampled", "inbox"] = "all"
+
+
+@dataclass
+class State:
+    """A participant's resident state: it never leaves its host.
+
+    `data` is the client's private dataset (None for servers); `extras` holds
+    algorithm-specific tensors and small values (all saved in checkpoints).
+    """
+
+    model: nn.Module | None = None
+    data: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Federation:
+    """The static shape of a federation, known to every host.
+
+    Metadata only (counts, graph weights, assignments): no samples, no tensors.
+    """
+
+    num_clients: int
+    samples: tuple[int, ...]  # train samples n_i per client
+    num_classes: tuple[int, ...]  # classes of each client's task
+    input_shape: tuple[int, int, int]
+    mixing: dict[int, dict[int, float]] | None = None  # peer graph weights, self included
+    lps_of_client: tuple[int, ...] | None = None
+    num_lps: int = 0
+
+    def neighbours(self, client: int) -> list[int]:
+        """Peers of `client` in the communication graph (self excluded)."""
+        assert self.mixing is not None, "this federation has no peer graph"
+        return sorted(j for j in self.mixing[client] if j != client)
+
+    def clients_of_lps(self, lps: int) -> list[int]:
+        """Clients assigned to local parameter server `lps`."""
+        assert self.lps_of_client is not None, "this federation has no LPS"
+        return [i for i, k in enumerate(self.lps_of_client) if k == lps]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step may know about the round besides its own state and inbox."""
+
+    me: str
+    round: int
+    rounds: int
+    seed: int
+    sampled: tuple[int, ...]
+    federation: Federation
+
+    @property
+    def index(self) -> int:
+        return index_of(self.me)
+
+
+class Params(BaseModel):
+    """Base of every algorithm's typed, frozen hyperparameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalTrainingParams(Params):
+    """Local SGD shared by most algorithms."""
+
+    epochs: int = Field(1, ge=1, description="local epochs per round (E)")
+    lr: float = Field(0.05, gt=0, description="local SGD learning rate")
+    batch_size: int = Field(32, ge=1, description="local mini-batch size")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (state reset every round)")
+    weight_decay: float = Field(0.0, ge=0, description="L2 weight decay")
+    clip_grad: float | None = Field(None, gt=0, description="max gradient norm; null = off")
+    sample_fraction: float = Field(
+        1.0, gt=0, le=1, description="fraction m of clients sampled per round"
+    )
+
+
+class Algorithm:
+    """The hook set. Subclasses declare `name`, `Params`, `shapes` and steps.
+
+    Steps are methods named by `Phase.step` with the signature
+    `step(state, inbox: list[Message], ctx: StepContext) -> (state, outbox)`.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    Params: ClassVar[type[Params]] = LocalTrainingParams
+    shapes: ClassVar[tuple[str, ...]] = ("star",)  # star | peer | hierarchical | none
+
+    def __init__(self, params: Params, model_factory):
+        self.params = params
+        self.model_factory = model_factory  # (num_classes) -> nn.Module, seeded by the host
+
+    def phases(self, round_index: int, ctx_rounds: int) -> list[Phase]:
+        """The ordered phases of round `round_index` (1-based)."""
+        raise NotImplementedError
+
+    def init_state(self, participant: str, data: Any, federation: Federation) -> State:
+        """Initial state of `participant` (clients get their private `data`)."""
+        if role_of(participant) == "client":
+            return State(model=self.model_factory(data.num_classes), data=data)
+        return State()
+
+    def eval_model(self, state: State) -> nn.Module:
+        """The model a client is evaluated with (pFedMe overrides: personal model)."""
+        return state.model

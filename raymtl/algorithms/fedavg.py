@@ -1,0 +1,102 @@
+"""FedAvg and Local — the two star-shaped references.
+
+McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data", AISTATS 2017.
+
+Round t, with S_t the sampled clients (⌈m·N⌉ of N):
+    client i ∈ S_t:  w_i ← LocalSGD(w, E epochs, lr)
+    server:          w ← Σ_{i∈S_t} n_i·w_i / Σ_{i∈S_t} n_i
+    every client:    w_i ← w        (the broadcast is what clients are evaluated with)
+Bits per round: uplink |S_t|·|w|·32, downlink N·|w|·32.
+
+Local: every client trains on its own data only; nothing is transmitted.
+"""
+
+from __future__ import annotations
+
+from raymtl.algorithms.base import (
+    SERVER,
+    Algorithm,
+    Message,
+    Phase,
+    State,
+    client_name,
+    index_of,
+)
+from raymtl.algorithms.registry import register
+from raymtl.algorithms.training import (
+    derive_seed,
+    load_tensors,
+    local_sgd,
+    model_tensors,
+    weighted_average,
+)
+
+
+def train_local_model(state: State, ctx, params) -> float:
+    """One round of plain local SGD on the client's own data (shared by algorithms)."""
+    data = state.data
+    seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
+    loss = local_sgd(state.model, data.train_x, data.train_y, params, seed)
+    state.extras["train_loss"] = loss
+    return loss
+
+
+def by_sender(inbox: list[Message]) -> list[Message]:
+    """Messages in a fixed order (by sender), so sums are order independent."""
+    return sorted(inbox, key=lambda message: (message.src, message.kind))
+
+
+@register
+class FedAvg(Algorithm):
+    name = "fedavg"
+    summary = "FedAvg: sample-weighted model averaging on a server (McMahan et al. 2017)"
+    shapes = ("star",)
+
+    def phases(self, round_index, rounds):
+        return [
+            Phase("client", "train", "sampled"),
+            Phase("server", "aggregate", "inbox"),
+            Phase("client", "receive", "inbox"),
+        ]
+
+    def init_state(self, participant, data, federation):
+        if participant == SERVER:
+            return State(model=self.model_factory(federation.num_classes[0]))
+        return super().init_state(participant, data, federation)
+
+    def train(self, state, inbox, ctx):
+        train_local_model(state, ctx, self.params)
+        return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
+
+    def aggregate(self, state, inbox, ctx):
+        samples = ctx.federation.samples
+        updates = [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
+        average = weighted_average(updates)
+        if average is not None:
+            load_tensors(state.model, average)
+        global_model = model_tensors(state.model)
+        outbox = [
+            Message(SERVER, client_name(i), "global_model", global_model)
+            for i in range(ctx.federation.num_clients)
+        ]
+        return state, outbox
+
+    def receive(self, state, inbox, ctx):
+        for message in inbox:
+            load_tensors(state.model, message.tensors)
+        return state, []
+
+
+@register
+class Local(Algorithm):
+    name = "local"
+    summary = "Local: every client trains alone on its own data (no communication)"
+    shapes = ("none", "star")
+
+    def phases(self, round_index, rounds):
+        return [Phase("client", "train", "all")]
+
+    def train(self, state, inbox, ctx):
+        train_local_model(state, ctx, self.params)
+        return state, []

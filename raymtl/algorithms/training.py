@@ -1,0 +1,128 @@
+"""Local training, evaluation and model-as-tensors helpers shared by algorithms.
+
+Determinism: every random draw of a local update (batch order, dropout) comes
+from a seed derived from (experiment seed, round, client, purpose), so a client
+trains identically whichever process hosts it, and a resumed run replays the
+uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raymtl.algorithms.base import LocalTrainingParams
+
+log = logging.getLogger(__name__)
+
+LossHook = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 63-bit seed from any printable parts (independent of PYTHONHASHSEED)."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def cross_entropy_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Plain task loss: CE(model(x), y)."""
+    return F.cross_entropy(model(x), y)
+
+
+def local_sgd(
+    model: nn.Module,
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    params: LocalTrainingParams,
+    seed: int,
+    loss_fn: LossHook = cross_entropy_loss,
+) -> float:
+    """`params.epochs` epochs of mini-batch SGD in place; returns the mean batch loss."""
+    torch.manual_seed(seed)  # dropout draws
+    order_rng = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=params.lr,
+        momentum=params.momentum,
+        weight_decay=params.weight_decay,
+    )
+    model.train()
+    losses = []
+    for _ in range(params.epochs):
+        order = torch.randperm(len(train_y), generator=order_rng)
+        for batch in order.split(params.batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model, train_x[batch], train_y[batch])
+            loss.backward()
+            if params.clip_grad is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), params.clip_grad)
+            optimizer.step()
+            losses.append(loss.detach())
+    return float(torch.stack(losses).mean()) if losses else float("nan")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> dict:
+    """Mean cross-entropy loss and accuracy of `model` on (x, y)."""
+    model.eval()
+    total_loss, correct = 0.0, 0
+    for start in range(0, len(y), batch):
+        logits = model(x[start : start + batch])
+        target = y[start : start + batch]
+        total_loss += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(1) == target).sum())
+    n = max(len(y), 1)
+    return {"loss": total_loss / n, "accuracy": correct / n}
+
+
+def model_tensors(model: nn.Module, prefixes: Sequence[str] | None = None) -> dict:
+    """The model's floating-point state (parameters and float buffers), detached copies.
+
+    `prefixes` keeps only the entries whose name starts with one of them.
+    """
+    return {
+        name: value.detach().clone()
+        for name, value in model.state_dict().items()
+        if value.is_floating_point()
+        and (prefixes is None or any(name.startswith(p) for p in prefixes))
+    }
+
+
+def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Overwrite the named entries of the model's state (others untouched)."""
+    state = model.state_dict()
+    for name, value in tensors.items():
+        state[name].copy_(value)
+
+
+def is_finite(tensors: dict[str, torch.Tensor]) -> bool:
+    """True when no tensor holds NaN or inf (non-finite updates are never aggregated)."""
+    return all(bool(torch.isfinite(t).all()) for t in tensors.values())
+
+
+def weighted_average(
+    updates: Iterable[tuple[dict[str, torch.Tensor], float]],
+) -> dict[str, torch.Tensor] | None:
+    """Σ_k w_k·x_k / Σ_k w_k over finite updates; None when none is usable.
+
+    The caller fixes the order of `updates` (sorted by sender) so the float sum
+    is the same whatever order the messages arrived in.
+    """
+    finite = []
+    for tensors, weight in updates:
+        if is_finite(tensors):
+            finite.append((tensors, weight))
+        else:
+            log.warning("rejected a non-finite update (not aggregated)")
+    total = sum(weight for _, weight in finite)
+    if not finite or total <= 0:
+        return None
+    return {
+        name: sum(tensors[name] * (weight / total) for tensors, weight in finite)
+        for name in finite[0][0]
+    }

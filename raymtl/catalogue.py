@@ -1,0 +1,70 @@
+"""What `raymtl list` shows: every registry, with each entry's parameters."""
+
+from __future__ import annotations
+
+import inspect
+
+from pydantic import BaseModel
+from rich.table import Table
+
+
+def first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if text and text.strip() else ""
+
+
+def param_text(model: type[BaseModel]) -> str:
+    """'name=default' for each field of a params model."""
+    return ", ".join(f"{name}={field.default}" for name, field in model.model_fields.items())
+
+
+def signature_params(function) -> str:
+    """'name=default' for each keyword parameter of a loader."""
+    parameters = inspect.signature(function).parameters.values()
+    return ", ".join(
+        f"{p.name}={p.default}"
+        for p in parameters
+        if p.default is not inspect.Parameter.empty and p.name not in ("root", "download", "seed")
+    )
+
+
+def table(title: str, rows: list[tuple[str, str, str]]) -> Table:
+    result = Table(title=title, title_justify="left", show_lines=False)
+    for column in ("name", "what", "parameters"):
+        result.add_column(column, overflow="fold")
+    for row in rows:
+        result.add_row(*row)
+    return result
+
+
+def catalogue_tables() -> list[Table]:
+    """One table per registry: algorithms, datasets, partitions, models, topologies."""
+    from raymtl.algorithms import all_algorithms
+    from raymtl.data import PARTITIONS, SOURCES
+    from raymtl.graph import TOPOLOGIES
+    from raymtl.models import MODELS
+
+    algorithms = [
+        (name, f"{cls.summary} [{'/'.join(cls.shapes)}]", param_text(cls.Params))
+        for name, cls in all_algorithms().items()
+    ]
+    sources = [(name, first_line(fn.__doc__), signature_params(fn)) for name, fn in SOURCES.items()]
+    partitions = [(name, first_line(getattr(fn, "__doc__", str(fn))), "") for name, fn in PARTITIONS.items()]
+    models = [
+        (name, cls.description, ", ".join(f"{k}={v}" for k, v in cls.params.items()))
+        for name, cls in MODELS.items()
+    ]
+    topologies = [
+        ("star", "a server and its clients", ""),
+        ("hierarchical", "a GPS over num_lps local parameter servers", "num_lps=2"),
+        ("none", "no communication (Local)", ""),
+    ] + [
+        (name, spec.description, ", ".join(f"{k}={v}" for k, v in spec.params.items()))
+        for name, spec in TOPOLOGIES.items()
+    ]
+    return [
+        table("algorithms", algorithms),
+        table("datasets (data.name)", sources),
+        table("partitions (data.partition.kind)", partitions),
+        table("models (model.name)", models),
+        table("topologies (topology.kind)", topologies),
+    ]

@@ -1,0 +1,209 @@
+"""The experiment: pydantic models, YAML loading and `a.b=value` overrides.
+
+Every section forbids unknown keys; cross-field rules (impossible partitions,
+too many LPSs, a disconnected graph, a topology the algorithm cannot run on)
+are checked here, so a bad file fails before any actor starts, with one line
+that names the field (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from raymtl.algorithms.base import Params
+from raymtl.algorithms.registry import get_algorithm
+
+PEER_FREE_KINDS = ("star", "hierarchical", "none")
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration error naming the field."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PartitionConfig(Section):
+    kind: Literal["iid", "classes_per_client", "dirichlet", "task_groups"] = "classes_per_client"
+    classes_per_client: int = Field(2, ge=1)
+    alpha: float = Field(0.5, gt=0)
+    task_classes: list[list[int]] | None = None
+    quantity: Literal["equal", "lognormal", "powerlaw"] = "equal"
+    quantity_sigma: float = Field(1.0, gt=0)
+    quantity_exponent: float = Field(1.5, gt=0)
+    rotations: list[int] | None = None
+    mask_probs: list[float] | None = None
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    max_samples_per_client: int | None = Field(None, ge=3)
+
+
+class DataConfig(Section):
+    name: str = "digits"
+    root: str | None = None
+    download: bool = False
+    num_clients: int = Field(20, ge=1)
+    partition: PartitionConfig = PartitionConfig()
+    params: dict[str, Any] = Field(default_factory=dict, description="source parameters")
+
+
+class ModelConfig(Section):
+    name: str = "cnn_mnist"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class AlgorithmConfig(Section):
+    name: str = "fedavg"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    def typed_params(self) -> Params:
+        """The params validated by the algorithm's own typed model."""
+        return get_algorithm(self.name).Params(**self.params)
+
+
+class TopologyConfig(Section):
+    kind: str | None = Field(None, description="star | hierarchical | none | a peer graph kind")
+    params: dict[str, Any] = Field(default_factory=dict, description="peer graph parameters")
+    num_lps: int = Field(2, ge=1, description="hierarchical: local parameter servers")
+
+
+class RuntimeConfig(Section):
+    executor: Literal["ray", "inline"] = "ray"
+    address: str | None = Field(None, description="null = start a local Ray; 'auto' = join")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray started for you")
+    clients_per_actor: int | Literal["auto"] = "auto"
+    num_cpus_per_actor: float = Field(1.0, gt=0)
+    num_gpus_per_actor: float = Field(0.0, ge=0)
+    max_restarts: int = Field(0, ge=0)
+    min_clients_fraction: float = Field(1.0, gt=0, le=1)
+    dashboard: bool = True
+
+
+class OutputConfig(Section):
+    dir: str = "runs"
+    plots: bool = True
+
+
+class ExperimentConfig(Section):
+    name: str = "experiment"
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    topology: TopologyConfig = TopologyConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    rounds: int = Field(10, ge=1)
+    eval_every: int = Field(1, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    output: OutputConfig = OutputConfig()
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> ExperimentConfig:
+        check_algorithm(self)
+        check_topology(self)
+        return self
+
+    def shape(self) -> str:
+        """star | peer | hierarchical | none: the shape the topology gives the federation."""
+        kind = self.topology.kind
+        return kind if kind in PEER_FREE_KINDS else "peer"
+
+
+def check_algorithm(cfg: ExperimentConfig) -> None:
+    """The algorithm exists, its params are valid and it can run on the topology."""
+    algorithm = get_algorithm(cfg.algorithm.name)
+    try:
+        cfg.algorithm.typed_params()
+    except ValidationError as error:
+        raise ValueError(first_error(error, prefix="algorithm.params")) from None
+    if cfg.topology.kind is None:
+        cfg.topology.kind = default_topology(algorithm.shapes)
+    if cfg.shape() not in algorithm.shapes:
+        raise ValueError(
+            f"topology.kind: {cfg.algorithm.name} runs on {'/'.join(algorithm.shapes)}, "
+            f"not '{cfg.topology.kind}'"
+        )
+
+
+def default_topology(shapes: tuple[str, ...]) -> str:
+    """The topology an algorithm gets when the file names none."""
+    return {"peer": "erdos_renyi"}.get(shapes[0], shapes[0])
+
+
+def check_topology(cfg: ExperimentConfig) -> None:
+    """Peer graphs are built (and so checked: parameters, connectivity); LPS counts fit."""
+    if cfg.shape() == "hierarchical" and cfg.topology.num_lps > cfg.data.num_clients:
+        raise ValueError(
+            f"topology.num_lps: {cfg.topology.num_lps} LPSs for only "
+            f"{cfg.data.num_clients} clients"
+        )
+    if cfg.shape() == "peer":
+        from raymtl.graph.topology import build_topology
+
+        build_topology(cfg.topology.kind, cfg.data.num_clients, cfg.seeds[0], **cfg.topology.params)
+
+
+def first_error(error: ValidationError, prefix: str = "") -> str:
+    """One line from a pydantic error: 'field.path: message'."""
+    detail = error.errors()[0]
+    location = ".".join(str(part) for part in detail["loc"])
+    location = ".".join(part for part in (prefix, location) if part)
+    message = detail["msg"].removeprefix("Value error, ")
+    if detail["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"{location}: {message}" if location else message
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one `a.b.c=value` override in place (value parsed as YAML)."""
+    path, sep, value = assignment.partition("=")
+    if not sep or not path:
+        raise ConfigError(f"override '{assignment}': expected key.path=value")
+    *parents, leaf = path.split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{path}: '{part}' is not a section")
+        node = child
+    node[leaf] = yaml.safe_load(value)
+
+
+def parse_config(raw: dict) -> ExperimentConfig:
+    """Validate a raw mapping; every failure becomes one ConfigError line."""
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(first_error(error)) from None
+    except ValueError as error:  # raised by builders called from validators
+        raise ConfigError(str(error).splitlines()[0]) from None
+
+
+def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
+    """The YAML mapping of `path` with overrides applied (not yet validated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file: '{path}' does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"experiment file: '{path}' is not valid YAML ({error})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"experiment file: '{path}' must hold a mapping")
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """Load, override and validate an experiment file."""
+    return parse_config(load_raw(path, overrides))
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    """The resolved experiment as YAML (saved with every run)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,78 @@
+"""Turn a client's shard of the pool into float tensors, inside the client's own actor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from raymtl.data.partitions import ClientShard
+from raymtl.data.sources import Pool
+
+PATCH = 2  # side of the square patches that masking drops
+
+
+@dataclass
+class ClientData:
+    """A client's train/test tensors, already rotated, masked and relabelled."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int  # C_t when relabelled, else the pool's
+    input_shape: tuple[int, int, int]
+
+
+def _mask_generator(seed: int, client_id: int) -> torch.Generator:
+    # SeedSequence mixes (seed, client_id) so neighbouring clients get unrelated masks.
+    state = np.random.SeedSequence([seed, client_id]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def patch_mask(
+    num_samples: int, height: int, width: int, drop_prob: float, generator: torch.Generator
+) -> torch.Tensor:
+    """(N, 1, H, W) float mask of 0/1 where each 2x2 patch is zeroed with `drop_prob`."""
+    patches_h, patches_w = -(-height // PATCH), -(-width // PATCH)
+    keep = torch.rand(num_samples, 1, patches_h, patches_w, generator=generator) >= drop_prob
+    mask = keep.repeat_interleave(PATCH, dim=-2).repeat_interleave(PATCH, dim=-1)
+    return mask[..., :height, :width].float()
+
+
+def _take(tensor: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+    return tensor[torch.from_numpy(np.asarray(idx, dtype=np.int64))]
+
+
+def _relabel(y: torch.Tensor, task_classes: tuple[int, ...] | None, num_classes: int):
+    if task_classes is None:
+        return y
+    lookup = torch.full((num_classes,), -1, dtype=torch.int64)
+    lookup[list(task_classes)] = torch.arange(len(task_classes))
+    relabelled = lookup[y]
+    if (relabelled < 0).any():
+        raise ValueError(f"shard.task_classes: {task_classes} misses labels present in the shard")
+    return relabelled
+
+
+def _features(pool: Pool, idx: np.ndarray, shard: ClientShard, generator) -> torch.Tensor:
+    x = _take(pool.x, idx).float() / pool.scale
+    if shard.rotation % 360:
+        x = torch.rot90(x, k=shard.rotation // 90, dims=(-2, -1))
+    if shard.mask_prob > 0:
+        x = x * patch_mask(x.shape[0], x.shape[-2], x.shape[-1], shard.mask_prob, generator)
+    return x.contiguous()
+
+
+def materialize(pool: Pool, shard: ClientShard, seed: int) -> ClientData:
+    """Build a client's float32 tensors from the pool: scale, rotate, mask, relabel."""
+    # One generator for train then test: each sample's mask is drawn once and stays fixed.
+    generator = _mask_generator(seed, shard.client_id)
+    train_x = _features(pool, shard.train_idx, shard, generator)
+    test_x = _features(pool, shard.test_idx, shard, generator)
+    train_y = _relabel(_take(pool.y, shard.train_idx), shard.task_classes, pool.num_classes)
+    test_y = _relabel(_take(pool.y, shard.test_idx), shard.task_classes, pool.num_classes)
+    num_classes = len(shard.task_classes) if shard.task_classes else pool.num_classes
+    input_shape = tuple(int(size) for size in train_x.shape[1:])
+    return ClientData(train_x, train_y, test_x, test_y, num_classes, input_shape)

@@ -1,0 +1,302 @@
+"""Federated partitions: which pool samples each client holds, and its rotation group and task.
+
+Every label-skew kind reduces to a (num_classes, num_clients) affinity matrix; each class's
+samples are then split among its clients in proportion to affinity x quantity weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_TRAIN, MIN_TEST = 2, 1
+QUANTITIES = ("equal", "lognormal", "powerlaw")
+# Dirichlet clients are topped up to this many samples (the usual NIID-Bench floor) when the
+# dataset is large enough, so no client is left with a handful of samples.
+DIRICHLET_MIN_SAMPLES = 10
+
+
+@dataclass(frozen=True)
+class ClientShard:
+    """One client's slice of the pool: sample indices plus its group and task."""
+
+    client_id: int
+    train_idx: np.ndarray  # indices into the pool
+    test_idx: np.ndarray  # indices into the pool, stratified like train
+    group: int  # rotation/mask group (0 when none)
+    rotation: int  # degrees, multiple of 90
+    mask_prob: float  # probability of dropping each 2x2 patch
+    task: int  # task id (0 when no task groups)
+    task_classes: tuple[int, ...] | None  # original class ids of the task; None = no relabel
+
+
+def _assign_classes(class_ids: np.ndarray, num_clients: int, k: int, rng, num_classes: int):
+    """0/1 affinity giving each client k distinct classes, every class used equally often."""
+    order = rng.permutation(np.asarray(class_ids))
+    affinity = np.zeros((num_classes, num_clients))
+    for client in range(num_clients):
+        # Consecutive windows over a cyclic order: distinct within a client, balanced overall.
+        affinity[order[(client * k + np.arange(k)) % order.size], client] = 1.0
+    return affinity
+
+
+def _iid(class_counts: np.ndarray, num_clients: int, rng, **_) -> np.ndarray:
+    """IID: every client draws from every class in the same proportion."""
+    return np.ones((class_counts.size, num_clients))
+
+
+def _classes_per_client(class_counts, num_clients, rng, *, classes_per_client, **_):
+    """Pathological label skew: each client holds exactly classes_per_client classes."""
+    all_classes = np.arange(class_counts.size)
+    return _assign_classes(all_classes, num_clients, classes_per_client, rng, class_counts.size)
+
+
+def _dirichlet(class_counts, num_clients, rng, *, alpha, **_):
+    """Dirichlet label skew: per class, client shares ~ Dir(alpha); small alpha, more skew."""
+    return rng.dirichlet(np.full(num_clients, alpha), size=class_counts.size)
+
+
+def _task_groups(class_counts, num_clients, rng, *, classes_per_client, task_classes, **_):
+    """Tasks over disjoint class sets; client i solves task i % T with labels 0..C_t-1."""
+    affinity = np.zeros((class_counts.size, num_clients))
+    for task, classes in enumerate(task_classes):
+        clients = np.arange(task, num_clients, len(task_classes))
+        if classes_per_client < len(classes):
+            k = classes_per_client
+            block = _assign_classes(classes, clients.size, k, rng, class_counts.size)
+            affinity[:, clients] = block
+        else:
+            affinity[np.ix_(classes, clients)] = 1.0
+    return affinity
+
+
+PARTITIONS: dict[str, Callable[..., np.ndarray]] = {
+    "iid": _iid,
+    "classes_per_client": _classes_per_client,
+    "dirichlet": _dirichlet,
+    "task_groups": _task_groups,
+}
+# Kinds whose clients must hold at least one sample of every class assigned to them.
+_STRICT_KINDS = ("classes_per_client", "task_groups")
+
+
+def _fail(field: str, problem: str) -> ValueError:
+    return ValueError(f"partition.{field}: {problem}")
+
+
+def _validate_label_skew(labels, num_classes, num_clients, kind, k, alpha) -> None:
+    if kind not in PARTITIONS:
+        raise _fail("kind", f"{kind!r} is not one of {', '.join(PARTITIONS)}")
+    if num_clients < 1:
+        raise _fail("num_clients", f"{num_clients} must be >= 1")
+    if labels.ndim != 1 or labels.size == 0 or labels.min() < 0 or labels.max() >= num_classes:
+        raise _fail("labels", f"must be a non-empty 1-D array of class ids in 0..{num_classes - 1}")
+    if num_clients > labels.size:
+        raise _fail("num_clients", f"{num_clients} clients exceed the {labels.size} samples")
+    if kind in _STRICT_KINDS and k < 1:
+        raise _fail("classes_per_client", f"{k} must be >= 1")
+    if kind == "classes_per_client" and k > num_classes:
+        raise _fail("classes_per_client", f"{k} exceeds the {num_classes} classes of the dataset")
+    if kind == "dirichlet" and not alpha > 0:
+        raise _fail("alpha", f"{alpha} must be > 0")
+
+
+def _validate_tasks(task_classes, kind, num_classes, num_clients, k) -> None:
+    if kind != "task_groups":
+        if task_classes is not None:
+            raise _fail("task_classes", f"only used when partition.kind is 'task_groups' ({kind!r})")
+        return
+    if not task_classes:
+        raise _fail("task_classes", "required (a list of class lists) for kind 'task_groups'")
+    if num_clients < len(task_classes):
+        raise _fail("num_clients", f"{num_clients} clients cannot cover {len(task_classes)} tasks")
+    seen: set[int] = set()
+    for task, classes in enumerate(task_classes):
+        if not classes:
+            raise _fail("task_classes", f"task {task} has no classes")
+        for label in classes:
+            if not 0 <= label < num_classes:
+                raise _fail("task_classes", f"class {label} of task {task} is not in 0..{num_classes - 1}")
+            if label in seen:
+                raise _fail("task_classes", f"class {label} appears in more than one task")
+            seen.add(label)
+        if k > len(classes):
+            raise _fail("classes_per_client", f"{k} exceeds the {len(classes)} classes of task {task}")
+
+
+def _validate_sizes(quantity, sigma, exponent, test_fraction, max_samples) -> None:
+    if quantity not in QUANTITIES:
+        raise _fail("quantity", f"{quantity!r} is not one of {', '.join(QUANTITIES)}")
+    if quantity == "lognormal" and not sigma > 0:
+        raise _fail("quantity_sigma", f"{sigma} must be > 0")
+    if quantity == "powerlaw" and not exponent > 0:
+        raise _fail("quantity_exponent", f"{exponent} must be > 0")
+    if not 0 < test_fraction < 1:
+        raise _fail("test_fraction", f"{test_fraction} must be in (0, 1)")
+    if max_samples is not None and max_samples < MIN_TRAIN + MIN_TEST:
+        raise _fail("max_samples_per_client", f"{max_samples} must be >= {MIN_TRAIN + MIN_TEST}")
+
+
+def _group_settings(rotations, mask_probs) -> list[tuple[int, float]]:
+    """(rotation, mask_prob) per group; groups come from whichever list is given."""
+    if rotations is None and mask_probs is None:
+        return []
+    if rotations is not None and mask_probs is not None and len(rotations) != len(mask_probs):
+        raise _fail("mask_probs", f"{len(mask_probs)} values but rotations has {len(rotations)}")
+    rotations = list(rotations) if rotations is not None else [0] * len(mask_probs)
+    mask_probs = list(mask_probs) if mask_probs is not None else [0.0] * len(rotations)
+    if not rotations:
+        raise _fail("rotations", "must list at least one group")
+    for degrees in rotations:
+        if int(degrees) != degrees or degrees % 90:
+            raise _fail("rotations", f"{degrees} is not a multiple of 90")
+    for prob in mask_probs:
+        if not 0 <= prob < 1:
+            raise _fail("mask_probs", f"{prob} must be in [0, 1)")
+    return [(int(degrees), float(prob)) for degrees, prob in zip(rotations, mask_probs, strict=True)]
+
+
+def _quantity_weights(quantity: str, num_clients: int, sigma: float, exponent: float, rng):
+    if quantity == "lognormal":
+        return rng.lognormal(0.0, sigma, num_clients)
+    if quantity == "powerlaw":
+        return rng.permutation(np.arange(1, num_clients + 1, dtype=float) ** -exponent)
+    return np.ones(num_clients)
+
+
+def _allocate(total: int, proportions: np.ndarray, min_one: bool) -> np.ndarray:
+    """Integer sizes summing to `total`, proportional to `proportions` (largest remainders).
+
+    With min_one, every positive entry gets at least one item when there are enough.
+    """
+    holders = proportions > 0
+    base = holders.astype(int) if min_one and total >= holders.sum() else np.zeros_like(holders, int)
+    share = proportions / proportions.sum() * (total - base.sum())
+    sizes = base + np.floor(share).astype(int)
+    by_remainder = np.argsort(-(share - np.floor(share)), kind="stable")
+    sizes[by_remainder[: total - sizes.sum()]] += 1
+    return sizes
+
+
+def _split_by_class(labels, affinity, weights, rng, min_one: bool) -> list[np.ndarray]:
+    pieces: list[list[np.ndarray]] = [[np.empty(0, np.int64)] for _ in weights]
+    for label, class_affinity in enumerate(affinity):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        proportions = class_affinity * weights
+        if members.size == 0 or proportions.sum() == 0:
+            continue  # class absent, or in no task
+        sizes = _allocate(members.size, proportions, min_one)
+        for client, part in enumerate(np.split(members, np.cumsum(sizes)[:-1])):
+            pieces[client].append(part)
+    return [np.concatenate(client_pieces) for client_pieces in pieces]
+
+
+def _check_holders(class_counts: np.ndarray, affinity: np.ndarray) -> None:
+    holders = (affinity > 0).sum(axis=1)
+    for label in np.flatnonzero(class_counts < holders):
+        raise _fail(
+            "num_clients",
+            f"class {label} has {class_counts[label]} samples for its {holders[label]} clients",
+        )
+
+
+def _top_up(client_idx: list[np.ndarray], minimum: int, rng) -> None:
+    """Move random samples from the largest clients to those below `minimum` (in place)."""
+    for client in np.argsort([idx.size for idx in client_idx], kind="stable"):
+        need = minimum - client_idx[client].size
+        donor = int(np.argmax([idx.size for idx in client_idx]))
+        if need <= 0 or client_idx[donor].size - need < minimum:
+            continue
+        moved = rng.choice(client_idx[donor].size, need, replace=False)
+        client_idx[client] = np.concatenate([client_idx[client], client_idx[donor][moved]])
+        client_idx[donor] = np.delete(client_idx[donor], moved)
+
+
+def _cap(idx: np.ndarray, labels: np.ndarray, cap: int | None, rng) -> np.ndarray:
+    """Stratified subsample of at most `cap` indices, keeping every class when possible."""
+    if cap is None or idx.size <= cap:
+        return idx
+    classes, counts = np.unique(labels[idx], return_counts=True)
+    sizes = _allocate(cap, counts.astype(float), min_one=True)
+    shuffled = rng.permutation(idx)
+    kept = [shuffled[labels[shuffled] == c][:n] for c, n in zip(classes, sizes, strict=True)]
+    return np.concatenate(kept)
+
+
+def _train_test_split(idx, labels, test_fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Per class: shuffle, then test gets round(n * test_fraction), clipped to [1, n - 1]."""
+    train, test = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    for label in np.unique(labels[idx]):
+        members = rng.permutation(idx[labels[idx] == label])
+        n_test = 0 if members.size < 2 else round(members.size * test_fraction)
+        n_test = min(max(n_test, int(members.size >= 2)), members.size - 1)
+        test.append(members[:n_test])
+        train.append(members[n_test:])
+    train_idx, test_idx = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+    if test_idx.size == 0 and train_idx.size > MIN_TRAIN:  # only singleton classes
+        moved = rng.integers(train_idx.size)
+        test_idx, train_idx = train_idx[moved : moved + 1], np.delete(train_idx, moved)
+    return train_idx, test_idx
+
+
+def _check_client_size(client: int, train: np.ndarray, test: np.ndarray, quantity: str) -> None:
+    if train.size >= MIN_TRAIN and test.size >= MIN_TEST:
+        return
+    field = "quantity" if quantity != "equal" else "num_clients"
+    raise _fail(
+        field,
+        f"client {client} gets {train.size} train / {test.size} test samples "
+        f"(needs >= {MIN_TRAIN} / {MIN_TEST}); use fewer clients or less skew",
+    )
+
+
+def partition_clients(
+    labels: np.ndarray,
+    num_classes: int,
+    *,
+    num_clients: int,
+    kind: str,
+    seed: int,
+    classes_per_client: int = 2,
+    alpha: float = 0.5,
+    task_classes: list[list[int]] | None = None,
+    quantity: str = "equal",
+    quantity_sigma: float = 1.0,
+    quantity_exponent: float = 1.5,
+    rotations: list[int] | None = None,
+    mask_probs: list[float] | None = None,
+    test_fraction: float = 0.2,
+    max_samples_per_client: int | None = None,
+) -> list[ClientShard]:
+    """Split a pool's labels into per-client train/test shards; deterministic in `seed`."""
+    labels = np.asarray(labels, dtype=np.int64)
+    _validate_label_skew(labels, num_classes, num_clients, kind, classes_per_client, alpha)
+    _validate_tasks(task_classes, kind, num_classes, num_clients, classes_per_client)
+    _validate_sizes(quantity, quantity_sigma, quantity_exponent, test_fraction, max_samples_per_client)
+    groups = _group_settings(rotations, mask_probs)
+    rng = np.random.default_rng(seed)
+    weights = _quantity_weights(quantity, num_clients, quantity_sigma, quantity_exponent, rng)
+    class_counts = np.bincount(labels, minlength=num_classes)
+    affinity = PARTITIONS[kind](
+        class_counts, num_clients, rng,
+        classes_per_client=classes_per_client, alpha=alpha, task_classes=task_classes,
+    )  # fmt: skip
+    if kind in _STRICT_KINDS:
+        _check_holders(class_counts, affinity)
+    client_idx = _split_by_class(labels, affinity, weights, rng, min_one=kind != "dirichlet")
+    if kind == "dirichlet":
+        floor = max(MIN_TRAIN + MIN_TEST, min(DIRICHLET_MIN_SAMPLES, labels.size // num_clients))
+        _top_up(client_idx, floor, rng)
+    shards = []
+    for client, idx in enumerate(client_idx):
+        idx = _cap(idx, labels, max_samples_per_client, rng)
+        train, test = _train_test_split(idx, labels, test_fraction, rng)
+        _check_client_size(client, train, test, quantity)
+        rotation, mask_prob = groups[client % len(groups)] if groups else (0, 0.0)
+        task = client % len(task_classes) if task_classes else 0
+        classes = tuple(int(c) for c in task_classes[task]) if task_classes else None
+        group = client % len(groups) if groups else 0
+        shards.append(ClientShard(client, train, test, group, rotation, mask_prob, task, classes))
+    return shards

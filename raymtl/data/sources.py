@@ -1,0 +1,244 @@
+"""Dataset sources: each loads a whole dataset into one in-memory `Pool`.
+
+The pool joins the official train and test splits; the federation re-splits it per client.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision.datasets as tvd
+from torchvision.datasets.mnist import read_image_file, read_label_file
+from torchvision.datasets.utils import check_integrity, extract_archive
+
+# Where Debian's `dataset-fashion-mnist` package puts the idx files; a module constant so
+# tests can point it elsewhere.
+DEBIAN_FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+DEFAULT_CACHE_ROOT = "~/.cache/raymtl"
+
+_IDX_SPLITS = (
+    ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A whole dataset in memory: compact samples plus what is needed to decode them."""
+
+    x: torch.Tensor  # (N, C, H, W); uint8 for images, float32 for synthetic
+    y: torch.Tensor  # (N,) int64
+    num_classes: int
+    class_names: tuple[str, ...]
+    scale: float  # x.float() / scale lies in [0, 1]
+    source: str  # where the data actually came from (a directory, "sklearn", "synthetic")
+
+
+class DatasetMissing(ValueError):
+    """The dataset is not on disk and may not be downloaded."""
+
+
+def _missing(name: str, root: str | None) -> DatasetMissing:
+    where = f"data.root={root!r}" if root else "data.root (unset)"
+    hint = "; apt-get install dataset-fashion-mnist" if name == "fashion_mnist" else ""
+    return DatasetMissing(
+        f"data.name: {name!r} not found under {where}; set data.root to a directory holding it"
+        f"{hint}; or set data.download=true"
+    )
+
+
+def _cache_root(root: str | None) -> str:
+    return os.path.expanduser(root or DEFAULT_CACHE_ROOT)
+
+
+def _load_digits(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+    """sklearn's bundled 8x8 digits (1797 images, values 0..16)."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.from_numpy(bunch.images.astype(np.uint8)).unsqueeze(1)
+    names = tuple(str(name) for name in bunch.target_names)
+    y = torch.from_numpy(bunch.target.astype(np.int64))
+    return Pool(x, y, len(names), names, 16.0, "sklearn")
+
+
+def _idx_path(directory: Path, stem: str) -> Path | None:
+    for candidate in (directory / stem, directory / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _find_idx_dir(candidates: list[Path]) -> Path | None:
+    for directory in candidates:
+        stems = [stem for split in _IDX_SPLITS for stem in split]
+        if all(_idx_path(directory, stem) for stem in stems):
+            return directory
+    return None
+
+
+def _read_idx(path: Path, reader: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    if path.suffix != ".gz":
+        return reader(str(path))
+    # torchvision's readers take plain files; decompress next to nothing permanent since the
+    # source directory (e.g. /usr/share) is usually read-only.
+    with tempfile.TemporaryDirectory() as scratch:
+        return reader(extract_archive(str(path), scratch))
+
+
+def _pool_from_idx_dir(directory: Path, class_names: list[str]) -> Pool:
+    images, labels = [], []
+    for image_stem, label_stem in _IDX_SPLITS:
+        images.append(_read_idx(_idx_path(directory, image_stem), read_image_file))
+        labels.append(_read_idx(_idx_path(directory, label_stem), read_label_file))
+    x = torch.cat(images).unsqueeze(1)
+    names = tuple(class_names)
+    return Pool(x, torch.cat(labels).long(), len(names), names, 255.0, str(directory))
+
+
+def _pool_from_torchvision(name: str, root: str | None, make: Callable[[bool], object]) -> Pool:
+    """Join a torchvision dataset's train and test splits; `make(train)` builds one split."""
+    try:
+        splits = [make(True), make(False)]
+    except (RuntimeError, OSError) as error:  # "Dataset not found", or a failed download
+        raise _missing(name, root) from error
+    x = torch.cat([torch.as_tensor(np.asarray(split.data)) for split in splits])
+    if x.ndim == 3:
+        x = x.unsqueeze(1)
+    elif x.shape[-1] == 3:  # CIFAR stores HWC
+        x = x.permute(0, 3, 1, 2).contiguous()
+    y = torch.cat([torch.as_tensor(split.targets, dtype=torch.int64) for split in splits])
+    names = tuple(str(name) for name in splits[0].classes)
+    return Pool(x, y, len(names), names, 255.0, splits[0].root)
+
+
+def _load_fashion_mnist(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+    """Fashion-MNIST: `root`, then Debian's package, then torchvision (optionally downloading)."""
+    candidates = [Path(root), Path(root) / "FashionMNIST" / "raw"] if root else []
+    directory = _find_idx_dir([*candidates, Path(DEBIAN_FASHION_MNIST_DIR)])
+    if directory is not None:
+        return _pool_from_idx_dir(directory, tvd.FashionMNIST.classes)
+    cache = _cache_root(root)
+    return _pool_from_torchvision(
+        "fashion_mnist", root, lambda train: tvd.FashionMNIST(cache, train=train, download=download)
+    )
+
+
+def _load_mnist(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+    """MNIST through torchvision (root/MNIST/raw/)."""
+    cache = _cache_root(root)
+    return _pool_from_torchvision(
+        "mnist", root, lambda train: tvd.MNIST(cache, train=train, download=download)
+    )
+
+
+class _FilesPresent:
+    """Mixin trusting CIFAR files by existence, so tests can use tiny files in the real format.
+
+    torchvision verifies md5s of the full-size batch files; parsing stays torchvision's.
+    """
+
+    def _check_integrity(self) -> bool:
+        folder = os.path.join(self.root, self.base_folder)
+        files = self.train_list + self.test_list
+        return all(check_integrity(os.path.join(folder, name)) for name, _ in files)
+
+
+class _CIFAR10Present(_FilesPresent, tvd.CIFAR10):
+    meta = {**tvd.CIFAR10.meta, "md5": None}  # md5=None: _load_meta checks existence only
+
+
+class _CIFAR100Present(_FilesPresent, tvd.CIFAR100):
+    meta = {**tvd.CIFAR100.meta, "md5": None}
+
+
+def _load_cifar10(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+    """CIFAR-10 through torchvision (root/cifar-10-batches-py/)."""
+    cache = _cache_root(root)
+    return _pool_from_torchvision(
+        "cifar10", root, lambda train: _CIFAR10Present(cache, train=train, download=download)
+    )
+
+
+def _load_cifar100(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+    """CIFAR-100 (fine labels) through torchvision (root/cifar-100-python/)."""
+    cache = _cache_root(root)
+    return _pool_from_torchvision(
+        "cifar100", root, lambda train: _CIFAR100Present(cache, train=train, download=download)
+    )
+
+
+def _load_synthetic(
+    root: str | None = None,
+    download: bool = False,
+    seed: int = 0,
+    num_samples: int = 2000,
+    num_classes: int = 10,
+    shape: tuple[int, int, int] = (1, 8, 8),
+    noise: float = 1.0,
+) -> Pool:
+    """Seeded class-conditional Gaussian images around a random mean image per class."""
+    shape = tuple(int(size) for size in shape)
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"data.shape: {shape} must be three positive sizes (C, H, W)")
+    if num_classes < 1 or num_samples < num_classes:
+        raise ValueError(
+            f"data.num_samples: {num_samples} must be >= data.num_classes ({num_classes}) >= 1"
+        )
+    if noise < 0:
+        raise ValueError(f"data.noise: {noise} must be >= 0")
+    rng = np.random.default_rng(seed)
+    means = rng.normal(size=(num_classes, *shape))
+    labels = rng.permutation(np.arange(num_samples) % num_classes)
+    samples = means[labels] + noise * rng.normal(size=(num_samples, *shape))
+    span = max(samples.max() - samples.min(), 1e-12)
+    x = torch.from_numpy(((samples - samples.min()) / span).astype(np.float32))
+    names = tuple(f"class_{label}" for label in range(num_classes))
+    return Pool(x, torch.from_numpy(labels.astype(np.int64)), num_classes, names, 1.0, "synthetic")
+
+
+SOURCES: dict[str, Callable[..., Pool]] = {
+    "digits": _load_digits,
+    "fashion_mnist": _load_fashion_mnist,
+    "mnist": _load_mnist,
+    "cifar10": _load_cifar10,
+    "cifar100": _load_cifar100,
+    "synthetic": _load_synthetic,
+}
+
+_POOL_CACHE: dict[tuple, Pool] = {}
+
+
+def _hashable(value: object) -> object:
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(item) for item in value)
+    return value
+
+
+def _check_params(name: str, loader: Callable[..., Pool], params: dict) -> None:
+    allowed = [p for p in inspect.signature(loader).parameters if p not in ("root", "download", "seed")]
+    for key in params:
+        if key not in allowed:
+            options = ", ".join(allowed) or "none"
+            raise ValueError(f"data.{key}: not a parameter of source {name!r} (allowed: {options})")
+
+
+def load_pool(
+    name: str, root: str | None = None, download: bool = False, seed: int = 0, **params
+) -> Pool:
+    """Load dataset `name` as one Pool of its train+test splits, cached per process."""
+    if name not in SOURCES:
+        raise ValueError(f"data.name: {name!r} is not one of {', '.join(SOURCES)}")
+    loader = SOURCES[name]
+    _check_params(name, loader, params)
+    key = (name, root, download, seed, tuple(sorted((k, _hashable(v)) for k, v in params.items())))
+    if key not in _POOL_CACHE:
+        _POOL_CACHE[key] = loader(root=root, download=download, seed=seed, **params)
+    return _POOL_CACHE[key]

@@ -1,0 +1,174 @@
+"""PNG plots of one run and comparisons across runs, drawn from the Parquet metric tables.
+
+Figures are built with ``matplotlib.figure.Figure`` (rendered by the Agg canvas) rather than
+pyplot, so no global figure state or GUI backend is involved and figures are freed when dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from raymtl.metrics.recorder import Recorder
+
+# Bits are drawn on a log axis; runs without communication get a single point here.
+NO_COMMUNICATION_X = 1.0
+
+
+def evaluated_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Rows of rounds where evaluation happened (non-eval rounds carry NaN accuracy)."""
+    return rounds.dropna(subset=["mean_accuracy"])
+
+
+def curves_by_round(rounds: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per round: mean/min/max of ``column`` across seeds plus mean cumulative bits."""
+    evaluated = evaluated_rounds(rounds).dropna(subset=[column])
+    grouped = evaluated.groupby("round")
+    curves = grouped[column].agg(["mean", "min", "max"])
+    curves["cum_bits"] = grouped["cum_bits"].mean()
+    return curves.sort_index()
+
+
+def save_figure(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` as PNG at ``path`` (creating parent folders)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def add_legend_if_labelled(axes: Axes) -> None:
+    """Legend only when something was drawn (an empty run would otherwise warn)."""
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend()
+
+
+def draw_band(axes: Axes, x, curves: pd.DataFrame, label: str) -> None:
+    """Line for the mean across seeds with a shaded min/max band."""
+    (line,) = axes.plot(x, curves["mean"], label=label)
+    axes.fill_between(x, curves["min"], curves["max"], color=line.get_color(), alpha=0.2)
+
+
+def draw_accuracy_vs_round(axes: Axes, curves: pd.DataFrame, label: str) -> None:
+    """Accuracy against communication round."""
+    draw_band(axes, curves.index.to_numpy(), curves, label)
+    axes.set_xlabel("round")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_ylabel("accuracy")
+
+
+def draw_accuracy_vs_bits(axes: Axes, curves: pd.DataFrame, label: str) -> None:
+    """Accuracy against cumulative bits on a log axis.
+
+    Zero-bit points cannot be placed on a log axis; if every point is zero (e.g. Local
+    training) the final accuracy is drawn as a single marker at x=1, labelled as such.
+    """
+    axes.set_xscale("log")
+    axes.set_xlabel("cumulative transmitted bits")
+    axes.set_ylabel("accuracy")
+    with_bits = curves[curves["cum_bits"] > 0]
+    if not with_bits.empty:
+        draw_band(axes, with_bits["cum_bits"].to_numpy(), with_bits, label)
+    elif not curves.empty:
+        final_accuracy = curves["mean"].iloc[-1]
+        axes.plot([NO_COMMUNICATION_X], [final_accuracy], "o", label=f"{label} (no bits sent)")
+
+
+def plot_accuracy_vs_round(rounds: pd.DataFrame, path: Path) -> Path:
+    """Mean and worst-10% accuracy per round across seeds."""
+    figure = Figure(figsize=(6, 4))
+    axes = figure.subplots()
+    draw_accuracy_vs_round(axes, curves_by_round(rounds, "mean_accuracy"), "mean")
+    draw_accuracy_vs_round(axes, curves_by_round(rounds, "worst10_accuracy"), "worst 10%")
+    axes.set_title("Accuracy vs round (band: min/max over seeds)")
+    add_legend_if_labelled(axes)
+    return save_figure(figure, path)
+
+
+def plot_accuracy_vs_bits(rounds: pd.DataFrame, path: Path) -> Path:
+    """Mean and worst-10% accuracy against cumulative bits."""
+    figure = Figure(figsize=(6, 4))
+    axes = figure.subplots()
+    draw_accuracy_vs_bits(axes, curves_by_round(rounds, "mean_accuracy"), "mean")
+    draw_accuracy_vs_bits(axes, curves_by_round(rounds, "worst10_accuracy"), "worst 10%")
+    axes.set_title("Accuracy vs cumulative bits")
+    add_legend_if_labelled(axes)
+    return save_figure(figure, path)
+
+
+def final_client_accuracies(clients: pd.DataFrame) -> dict[int, pd.Series]:
+    """Per seed, the client accuracies at that seed's last evaluated round."""
+    evaluated = clients.dropna(subset=["accuracy"])
+    accuracies_by_seed = {}
+    for seed, seed_rows in evaluated.groupby("seed"):
+        last_round = seed_rows["round"].max()
+        accuracies_by_seed[int(seed)] = seed_rows.loc[seed_rows["round"] == last_round, "accuracy"]
+    return accuracies_by_seed
+
+
+def plot_client_accuracy_distribution(clients: pd.DataFrame, path: Path) -> Path:
+    """Box plot (with the points) of final per-client accuracy, one box per seed."""
+    figure = Figure(figsize=(6, 4))
+    axes = figure.subplots()
+    accuracies_by_seed = final_client_accuracies(clients)
+    if accuracies_by_seed:
+        labels = [f"seed {seed}" for seed in accuracies_by_seed]
+        data = [series.to_numpy() for series in accuracies_by_seed.values()]
+        axes.boxplot(data)
+        # set_xticks rather than boxplot's label keyword, which was renamed in matplotlib 3.9.
+        axes.set_xticks(range(1, len(labels) + 1), labels)
+        for position, values in enumerate(data, start=1):
+            axes.plot([position] * len(values), values, ".", alpha=0.4, color="gray")
+    else:
+        axes.text(0.5, 0.5, "no per-client evaluations recorded", ha="center", va="center")
+    axes.set_ylabel("final client accuracy")
+    axes.set_title("Per-client final accuracy")
+    return save_figure(figure, path)
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Draw the run's plots into ``run_dir/plots`` and return their paths."""
+    run_dir = Path(run_dir)
+    recorder = Recorder.load(run_dir)
+    rounds, clients = recorder.rounds(), recorder.clients()
+    out_dir = run_dir / "plots"
+    return [
+        plot_accuracy_vs_round(rounds, out_dir / "accuracy_vs_round.png"),
+        plot_accuracy_vs_bits(rounds, out_dir / "accuracy_vs_bits.png"),
+        plot_client_accuracy_distribution(clients, out_dir / "client_accuracy_distribution.png"),
+    ]
+
+
+def plot_comparison_metric(
+    rounds_by_algorithm: dict[str, pd.DataFrame], column: str, path: Path
+) -> Path:
+    """Side by side: ``column`` vs round | ``column`` vs cumulative bits, one line per algorithm."""
+    figure = Figure(figsize=(12, 4.5))
+    round_axes, bits_axes = figure.subplots(1, 2)
+    for algorithm, rounds in rounds_by_algorithm.items():
+        curves = curves_by_round(rounds, column)
+        draw_accuracy_vs_round(round_axes, curves, algorithm)
+        draw_accuracy_vs_bits(bits_axes, curves, algorithm)
+    round_axes.set_title(f"{column} vs round")
+    bits_axes.set_title(f"{column} vs cumulative bits")
+    for axes in (round_axes, bits_axes):
+        axes.set_ylabel(column)
+        add_legend_if_labelled(axes)
+    return save_figure(figure, path)
+
+
+def plot_comparison(runs: dict[str, Path], out_dir: Path) -> list[Path]:
+    """Compare algorithms (name -> run dir): mean and worst-10% accuracy figures in ``out_dir``."""
+    out_dir = Path(out_dir)
+    rounds_by_algorithm = {name: Recorder.load(run_dir).rounds() for name, run_dir in runs.items()}
+    return [
+        plot_comparison_metric(
+            rounds_by_algorithm, "mean_accuracy", out_dir / "comparison_mean_accuracy.png"
+        ),
+        plot_comparison_metric(
+            rounds_by_algorithm, "worst10_accuracy", out_dir / "comparison_worst10_accuracy.png"
+        ),
+    ]

@@ -1,0 +1,170 @@
+"""Accumulates per-client, per-round and per-message rows and persists them as Parquet."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+CLIENTS_SCHEMA = pa.schema(
+    [
+        ("seed", pa.int64()),
+        ("round", pa.int64()),
+        ("client", pa.int64()),
+        ("loss", pa.float64()),
+        ("accuracy", pa.float64()),
+        ("samples", pa.int64()),
+        ("test_samples", pa.int64()),
+        ("group", pa.int64()),
+        ("task", pa.int64()),
+        ("bits_up", pa.int64()),
+        ("bits_down", pa.int64()),
+    ]
+)
+
+ROUNDS_SCHEMA = pa.schema(
+    [
+        ("seed", pa.int64()),
+        ("round", pa.int64()),
+        ("mean_accuracy", pa.float64()),
+        ("worst10_accuracy", pa.float64()),
+        ("worst20_accuracy", pa.float64()),
+        ("std_accuracy", pa.float64()),
+        ("mean_loss", pa.float64()),
+        ("bits_up", pa.int64()),
+        ("bits_down", pa.int64()),
+        ("cum_bits_up", pa.int64()),
+        ("cum_bits_down", pa.int64()),
+        ("cum_bits", pa.int64()),
+        ("wall_time", pa.float64()),
+    ]
+)
+
+MESSAGES_SCHEMA = pa.schema(
+    [
+        ("seed", pa.int64()),
+        ("round", pa.int64()),
+        ("src", pa.string()),
+        ("dst", pa.string()),
+        ("src_role", pa.string()),
+        ("dst_role", pa.string()),
+        ("kind", pa.string()),
+        ("bits", pa.int64()),
+    ]
+)
+
+# Table name -> schema; each table lives in ``<run_dir>/<name>.parquet``.
+SCHEMAS: dict[str, pa.Schema] = {
+    "clients": CLIENTS_SCHEMA,
+    "rounds": ROUNDS_SCHEMA,
+    "messages": MESSAGES_SCHEMA,
+}
+
+
+def parquet_path(run_dir: Path, table_name: str) -> Path:
+    """Where table ``table_name`` of a run is stored."""
+    return Path(run_dir) / f"{table_name}.parquet"
+
+
+def write_parquet_atomically(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to a temporary file, then rename it over ``path``.
+
+    The rename is atomic, so a crash mid-write never leaves a truncated file behind for resume.
+    """
+    tmp_path = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp_path)
+    os.replace(tmp_path, path)
+
+
+def read_parquet_or_empty(path: Path, schema: pa.Schema) -> pa.Table:
+    """Read ``path`` cast to ``schema``; an empty table with the schema's columns if absent."""
+    if not path.exists():
+        return schema.empty_table()
+    return pq.read_table(path).select(schema.names).cast(schema)
+
+
+class Recorder:
+    """In-memory metric tables of one run directory, flushed to Parquet on demand.
+
+    Rows are converted to Arrow at ``add_*`` time (so type errors surface where the row is
+    produced) and kept as a list of chunks that are concatenated on flush.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self._chunks: dict[str, list[pa.Table]] = {name: [] for name in SCHEMAS}
+
+    def _append(self, table_name: str, rows: list[dict]) -> None:
+        if rows:
+            chunk = pa.Table.from_pylist(rows, schema=SCHEMAS[table_name])
+            self._chunks[table_name].append(chunk)
+
+    def add_clients(self, rows: list[dict]) -> None:
+        """Append per-client evaluation rows (see ``CLIENTS_SCHEMA``)."""
+        self._append("clients", rows)
+
+    def add_round(self, row: dict) -> None:
+        """Append one per-round summary row (see ``ROUNDS_SCHEMA``)."""
+        self._append("rounds", [row])
+
+    def add_messages(self, rows: list[dict]) -> None:
+        """Append message accounting rows (see ``MESSAGES_SCHEMA``)."""
+        self._append("messages", rows)
+
+    def arrow_table(self, table_name: str) -> pa.Table:
+        """All rows of ``table_name`` as one Arrow table (empty with columns if no rows)."""
+        chunks = self._chunks[table_name]
+        if not chunks:
+            return SCHEMAS[table_name].empty_table()
+        table = pa.concat_tables(chunks).combine_chunks()
+        # Keep a single chunk so repeated flushes don't re-concatenate many small tables.
+        self._chunks[table_name] = [table]
+        return table
+
+    def flush(self) -> None:
+        """(Re)write clients/rounds/messages ``.parquet`` files in ``run_dir`` atomically."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for table_name in SCHEMAS:
+            table = self.arrow_table(table_name)
+            write_parquet_atomically(table, parquet_path(self.run_dir, table_name))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Recorder:
+        """Recorder holding the rows already stored in ``run_dir`` (missing files: no rows)."""
+        recorder = cls(run_dir)
+        for table_name, schema in SCHEMAS.items():
+            table = read_parquet_or_empty(parquet_path(recorder.run_dir, table_name), schema)
+            if table.num_rows:
+                recorder._chunks[table_name] = [table]
+        return recorder
+
+    def truncate_after(self, seed: int, round: int) -> None:
+        """Drop rows of ``seed`` with round > ``round`` and every row of a later seed.
+
+        Used on resume: the run restarts from a checkpoint at (seed, round), so anything logged
+        after it would otherwise be duplicated.
+        """
+        for table_name in SCHEMAS:
+            table = self.arrow_table(table_name)
+            earlier_seed = pc.less(table["seed"], seed)
+            same_seed_not_later = pc.and_(
+                pc.equal(table["seed"], seed), pc.less_equal(table["round"], round)
+            )
+            kept = table.filter(pc.or_(earlier_seed, same_seed_not_later))
+            self._chunks[table_name] = [kept] if kept.num_rows else []
+
+    def clients(self) -> pd.DataFrame:
+        """Per-client rows as a DataFrame."""
+        return self.arrow_table("clients").to_pandas()
+
+    def rounds(self) -> pd.DataFrame:
+        """Per-round rows as a DataFrame."""
+        return self.arrow_table("rounds").to_pandas()
+
+    def messages(self) -> pd.DataFrame:
+        """Per-message rows as a DataFrame."""
+        return self.arrow_table("messages").to_pandas()

@@ -1,0 +1,157 @@
+"""Final-round summaries of runs (summary.json), the results table and ``raymtl report``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from raymtl.metrics.plots import evaluated_rounds, plot_run
+from raymtl.metrics.recorder import Recorder
+
+ACCURACY_METRICS = ("mean_accuracy", "worst10_accuracy", "worst20_accuracy", "std_accuracy")
+# Summary key -> rounds column, read at the seed's last recorded round (the whole run's cost).
+COST_METRICS = {
+    "total_bits_up": "cum_bits_up",
+    "total_bits_down": "cum_bits_down",
+    "total_bits": "cum_bits",
+    "wall_time": "wall_time",
+}
+SUMMARY_METRICS = ACCURACY_METRICS + tuple(COST_METRICS)
+BIT_UNITS = ("b", "Kb", "Mb", "Gb", "Tb", "Pb")
+
+
+def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
+    """Final metrics of one seed: accuracies at the last evaluated round, cost at the last round.
+
+    Returns None when the seed has no evaluated round yet.
+    """
+    evaluated = evaluated_rounds(seed_rounds)
+    if evaluated.empty:
+        return None
+    final_eval = evaluated.loc[evaluated["round"].idxmax()]
+    last_row = seed_rounds.loc[seed_rounds["round"].idxmax()]
+    summary = {"seed": int(seed), "round": int(final_eval["round"])}
+    summary.update({metric: float(final_eval[metric]) for metric in ACCURACY_METRICS})
+    summary.update({key: float(last_row[column]) for key, column in COST_METRICS.items()})
+    return summary
+
+
+def mean_and_std(values: list[float]) -> dict[str, float]:
+    """Mean and population std (ddof=0, so a single seed gives std 0, not NaN) over seeds."""
+    if not values:
+        return {"mean": math.nan, "std": math.nan}
+    array = np.asarray(values, dtype=float)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=0))}
+
+
+def summarize(run_dir: Path, algorithm: str) -> dict:
+    """Summarize a run's final round per seed and across seeds; also writes summary.json.
+
+    Seeds without any evaluated round are left out. Across-seed std is population std.
+    """
+    run_dir = Path(run_dir)
+    rounds = Recorder.load(run_dir).rounds()
+    per_seed = []
+    for seed, seed_rounds in rounds.groupby("seed"):
+        seed_result = seed_summary(int(seed), seed_rounds)
+        if seed_result is not None:
+            per_seed.append(seed_result)
+    summary = {
+        "algorithm": algorithm,
+        "seeds": [row["seed"] for row in per_seed],
+        "final": {
+            metric: mean_and_std([row[metric] for row in per_seed]) for metric in SUMMARY_METRICS
+        },
+        "per_seed": per_seed,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def format_bits(bits: float) -> str:
+    """Human-readable bit count with decimal prefixes, e.g. 12300000 -> '12.3 Mb'."""
+    if math.isnan(bits):
+        return "-"
+    unit_index = 0
+    while abs(bits) >= 1000 and unit_index < len(BIT_UNITS) - 1:
+        bits /= 1000
+        unit_index += 1
+    if unit_index == 0:
+        return f"{bits:.0f} b"
+    return f"{bits:.1f} {BIT_UNITS[unit_index]}"
+
+
+def format_percent(stat: dict[str, float]) -> str:
+    """'mean ± std' of a [0, 1] quantity, shown in percent."""
+    if math.isnan(stat["mean"]):
+        return "-"
+    return f"{100 * stat['mean']:.2f} ± {100 * stat['std']:.2f}"
+
+
+def format_seconds(seconds: float) -> str:
+    """Wall time as seconds, or minutes and seconds beyond a minute."""
+    if math.isnan(seconds):
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, remainder = divmod(seconds, 60)
+    return f"{int(minutes)} m {remainder:04.1f} s"
+
+
+def results_table(summaries: list[dict], title: str) -> Table:
+    """One row per algorithm: accuracies (%, mean ± std over seeds), total bits, wall time."""
+    table = Table(title=title)
+    table.add_column("Algorithm", style="bold")
+    table.add_column("Seeds", justify="right")
+    table.add_column("Mean acc (%)", justify="right")
+    table.add_column("Worst-10% acc (%)", justify="right")
+    table.add_column("Std across clients (%)", justify="right")
+    table.add_column("Total bits", justify="right")
+    table.add_column("Wall time", justify="right")
+    for summary in summaries:
+        final = summary["final"]
+        table.add_row(
+            summary["algorithm"],
+            str(len(summary["seeds"])),
+            format_percent(final["mean_accuracy"]),
+            format_percent(final["worst10_accuracy"]),
+            format_percent(final["std_accuracy"]),
+            format_bits(final["total_bits"]["mean"]),
+            format_seconds(final["wall_time"]["mean"]),
+        )
+    return table
+
+
+def algorithm_name(run_dir: Path) -> str:
+    """``algorithm.name`` from the run's config.yaml (the folder name if it is not there)."""
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.exists():
+        return Path(run_dir).name
+    config = yaml.safe_load(config_path.read_text()) or {}
+    algorithm = config.get("algorithm", {})
+    # Tolerate ``algorithm: name`` as well as ``algorithm: {name: ...}``.
+    if isinstance(algorithm, str):
+        return algorithm
+    return str(algorithm.get("name", Path(run_dir).name))
+
+
+def report(run_dir: Path, console: Console | None = None) -> dict:
+    """Re-draw a run's plots, write summary.json and print its results table.
+
+    Returns the summary, with the written plot paths under ``"plots"``.
+    """
+    run_dir = Path(run_dir)
+    console = console or Console()
+    summary = summarize(run_dir, algorithm_name(run_dir))
+    plot_paths = plot_run(run_dir)
+    console.print(results_table([summary], title=f"Results: {run_dir}"))
+    for path in plot_paths:
+        console.print(f"plot: {path}")
+    return {**summary, "plots": [str(path) for path in plot_paths]}

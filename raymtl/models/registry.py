@@ -1,0 +1,126 @@
+"""The FedModel contract and the one place where model names map to model classes.
+
+    @register
+    class MLP(FedModel):
+        name = "mlp"
+        description = "one-line description for `raymtl list`"
+        def __init__(self, input_shape, num_classes, hidden: int = 32): ...
+
+The keyword parameters of ``__init__`` after ``input_shape`` and ``num_classes`` are the
+model's tunable parameters; ``register`` records them (with their defaults) in ``cls.params``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+MODELS: dict[str, type[FedModel]] = {}
+
+# Constructor arguments every model takes; everything after them is a model parameter.
+_COMMON_ARGS = ("self", "input_shape", "num_classes")
+
+
+class FedModel(nn.Module):
+    """backbone -> features; head -> logits. ``forward(x) = head(backbone(x))``.
+
+    Every parameter name (state_dict key) starts with ``backbone.`` or ``head.``.
+    ``feature_dim`` is the size of the flattened backbone output, i.e.
+    ``features(x).shape == (B, feature_dim)``.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    params: ClassVar[dict[str, object]] = {}
+
+    def __init__(self, backbone: nn.Module, head: nn.Module, feature_dim: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+        self.feature_dim = feature_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Backbone output flattened to (B, feature_dim)."""
+        return self.backbone(x).flatten(1)
+
+    def common_prefixes(self) -> tuple[str, ...]:
+        """Parameter-name prefixes shared across tasks by default in hierarchical FL."""
+        return ()
+
+
+def register(cls: type[FedModel]) -> type[FedModel]:
+    """Class decorator: make `cls` available under `cls.name`, recording its parameters."""
+    if cls.name in MODELS:
+        raise ValueError(f"model.name: '{cls.name}' is registered twice")
+    signature = inspect.signature(cls.__init__)
+    cls.params = {
+        arg: parameter.default
+        for arg, parameter in signature.parameters.items()
+        if arg not in _COMMON_ARGS
+    }
+    MODELS[cls.name] = cls
+    return cls
+
+
+def build_model(
+    name: str, input_shape: tuple[int, int, int], num_classes: int, **params: object
+) -> FedModel:
+    """Instantiate the model registered as `name` (one-line ValueError on bad input)."""
+    if name not in MODELS:
+        raise ValueError(f"model.name: '{name}' is not one of {', '.join(sorted(MODELS))}")
+    model_cls = MODELS[name]
+    for param in params:
+        if param not in model_cls.params:
+            allowed = ", ".join(model_cls.params) or "none"
+            raise ValueError(f"model.{param}: not a parameter of {name} (allowed: {allowed})")
+    return model_cls(check_input_shape(input_shape), check_num_classes(num_classes), **params)
+
+
+def check_input_shape(input_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Validate (channels, height, width) and return it as a tuple of ints."""
+    shape = tuple(input_shape)
+    if len(shape) != 3 or not all(_is_positive_int(size) for size in shape):
+        raise ValueError(f"input_shape: {input_shape!r} is not (channels, height, width) > 0")
+    return shape  # type: ignore[return-value]
+
+
+def check_num_classes(num_classes: int) -> int:
+    """Validate the number of outputs of the head (a positive integer)."""
+    if not _is_positive_int(num_classes):
+        raise ValueError(f"num_classes: {num_classes!r} is not a positive integer")
+    return num_classes
+
+
+def check_min_side(name: str, input_shape: tuple[int, int, int], min_side: int) -> None:
+    """Reject inputs too small for the model's pooling stages."""
+    if min(input_shape[1:]) < min_side:
+        raise ValueError(
+            f"input_shape: {tuple(input_shape)} is too small for {name} "
+            f"(height and width must be >= {min_side})"
+        )
+
+
+def flat_output_size(module: nn.Module, input_shape: tuple[int, int, int]) -> int:
+    """Size of ``module(x).flatten(1)`` for one input of `input_shape` (dry run)."""
+    was_training = module.training
+    # Eval mode: BatchNorm would reject a batch of one 1x1 map and must not update its stats.
+    module.eval()
+    with torch.no_grad():
+        size = module(torch.zeros(1, *input_shape)).flatten(1).shape[1]
+    module.train(was_training)
+    return int(size)
+
+
+def num_params(model: nn.Module) -> int:
+    """Total number of parameter entries (trainable or not; buffers excluded)."""
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def _is_positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

@@ -1,0 +1,63 @@
+"""torchvision's ResNet-18 adapted to small (32x32) images, split into backbone and head.
+
+The split follows the "BL-k" convention (k = number of residual stages in the head):
+
+* ``BL-0`` -- every residual stage in the backbone; head = fc only.
+* ``BL-1`` -- layer4 + avgpool + fc form the head (task-specific layers).
+* ``BL-2`` -- layer3 joins the head too.
+
+For BL-1 and BL-2 the backbone outputs a feature map (B, C, h, w); ``feature_dim`` is its
+flattened size C*h*w (so ``features(x)`` is (B, feature_dim) for every model), and the head
+takes the map itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from torch import nn
+from torchvision.models import resnet18
+
+from raymtl.models.registry import FedModel, check_input_shape, flat_output_size, register
+
+# First stage of the head for each split; everything before it is the backbone.
+HEAD_STARTS = {"BL-0": "fc", "BL-1": "layer4", "BL-2": "layer3"}
+
+
+def small_image_resnet18_stages(in_channels: int, num_classes: int) -> list[tuple[str, nn.Module]]:
+    """ResNet-18 stages in forward order, with the CIFAR-style stem (3x3 conv, no max pool)."""
+    net = resnet18(weights=None, num_classes=num_classes)
+    # 32x32 inputs: a 7x7 stride-2 stem plus max pool would shrink them to 8x8 before layer1.
+    net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    net.maxpool = nn.Identity()
+    stages = [(name, getattr(net, name)) for name in ("conv1", "bn1", "relu", "maxpool")]
+    stages += [(f"layer{index}", getattr(net, f"layer{index}")) for index in range(1, 5)]
+    stages += [("avgpool", net.avgpool), ("flatten", nn.Flatten()), ("fc", net.fc)]
+    return stages
+
+
+@register
+class ResNet18(FedModel):
+    """ResNet-18 (random init) with a 3x3 stem; `split` chooses which stages form the head."""
+
+    name = "resnet18"
+    description = "ResNet-18 with a 3x3 stem for 32x32 images; split BL-0/BL-1/BL-2 = head stages"
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int, split: str = "BL-1"):
+        input_shape = check_input_shape(input_shape)
+        if split not in HEAD_STARTS:
+            raise ValueError(f"model.split: {split!r} is not one of {', '.join(HEAD_STARTS)}")
+        stages = small_image_resnet18_stages(input_shape[0], num_classes)
+        head_start = [name for name, _ in stages].index(HEAD_STARTS[split])
+        backbone = nn.Sequential(OrderedDict(stages[:head_start]))
+        head = nn.Sequential(OrderedDict(stages[head_start:]))
+        super().__init__(backbone, head, flat_output_size(backbone, input_shape))
+        self.split = split
+
+    def common_prefixes(self) -> tuple[str, ...]:
+        # The whole backbone is shared; list its stages that actually hold parameters.
+        return tuple(
+            f"backbone.{name}"
+            for name, stage in self.backbone.named_children()
+            if any(True for _ in stage.parameters())
+        )

@@ -1,0 +1,49 @@
+"""The Ray actors: hosts of clients, the server, LPSs, and the graph service.
+
+Client, server and LPS actors are `ParticipantHost`s whose payloads go through
+Ray's object store: `put` is called in the sending actor and `get` in the
+receiving one, so tensors move actor to actor and never through the driver.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from raymtl.graph.mixing import mixing_from_topology
+from raymtl.runtime.host import ParticipantHost
+
+
+class ObjectStoreHost(ParticipantHost):
+    """A ParticipantHost whose message payloads live in Ray's object store."""
+
+    def put(self, tensors):
+        return ray.put(tensors)  # serialised once; receivers read it zero-copy
+
+    def get(self, payloads):
+        return ray.get(payloads) if payloads else []
+
+
+@ray.remote
+class ClientActor(ObjectStoreHost):
+    """Hosts one or more pinned clients: data, model and algorithm state stay here."""
+
+
+@ray.remote
+class ServerActor(ObjectStoreHost):
+    """The server of star algorithms and the GPS of hierarchical FL."""
+
+
+@ray.remote
+class LPSActor(ObjectStoreHost):
+    """A local parameter server of hierarchical FL."""
+
+
+@ray.remote(num_cpus=0)
+class GraphActor:
+    """CPU-only graph service: networkx/igraph stay out of training processes."""
+
+    def peer_mixing(self, kind: str, num_nodes: int, seed: int, params: dict) -> dict:
+        return mixing_from_topology(kind, num_nodes, seed, params)
+
+
+ACTOR_OF_ROLE = {"client": ClientActor, "server": ServerActor, "lps": LPSActor}

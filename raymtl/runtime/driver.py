@@ -1,0 +1,307 @@
+"""The one round loop: set up a federation, run its phases, record, checkpoint.
+
+    for seed in seeds:
+        federation ← partition + topology (graph service) + placement of hosts
+        for round t:
+            S_t ← sampled clients (seeded by (seed, t))
+            for phase in algorithm.phases(t):
+                inboxes ← router.take(participants of the phase)
+                router.deliver(executor.run_phase(phase, inboxes))
+            evaluate every eval_every rounds; checkpoint every checkpoint_every rounds
+
+The driver handles metadata only: envelopes, metrics and bit counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from raymtl.algorithms.base import (
+    SERVER,
+    Federation,
+    client_name,
+    lps_name,
+    role_of,
+)
+from raymtl.algorithms.registry import get_algorithm
+from raymtl.algorithms.training import derive_seed
+from raymtl.config import ConfigError, ExperimentConfig
+from raymtl.metrics import Recorder, fairness_stats
+from raymtl.runtime.executor import Executor
+from raymtl.runtime.host import HostSpec
+from raymtl.runtime.router import Router
+
+TIER = {"client": 0, "lps": 1, "server": 2, "graph": 2}
+
+
+def is_downlink(row: dict) -> bool:
+    """Down = towards the clients (server -> LPS -> client); up otherwise (peers: up)."""
+    return TIER[row["src_role"]] > TIER[row["dst_role"]]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A seed's federation: metadata, client shards and the hosts' specs."""
+
+    federation: Federation
+    shards: dict
+    specs: dict[str, HostSpec]
+
+
+def sample_clients(seed: int, round_index: int, num_clients: int, fraction: float) -> tuple:
+    """⌈m·N⌉ clients uniformly without replacement, seeded by (seed, round)."""
+    count = max(1, math.ceil(fraction * num_clients))
+    rng = np.random.default_rng(derive_seed(seed, round_index, "sample"))
+    return tuple(sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False)))
+
+
+def partition(cfg: ExperimentConfig, seed: int):
+    """The clients' shards (indices into the source) and the source's shape."""
+    from raymtl.data import load_pool, partition_clients
+
+    data = cfg.data
+    try:
+        pool = load_pool(data.name, data.root, data.download, seed, **data.params)
+        shards = partition_clients(
+            pool.y.numpy(),
+            pool.num_classes,
+            num_clients=data.num_clients,
+            seed=seed,
+            **data.partition.model_dump(),
+        )
+    except ValueError as error:  # bad partition for this dataset: a config error
+        raise ConfigError(str(error).splitlines()[0]) from None
+    return pool, shards
+
+
+def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, ckpt: str | None) -> Setup:
+    """Partition the data, build the topology and lay participants out on hosts."""
+    pool, shards = partition(cfg, seed)
+    n = cfg.data.num_clients
+    shape = cfg.shape()
+    federation = Federation(
+        num_clients=n,
+        samples=tuple(len(s.train_idx) for s in shards),
+        num_classes=tuple(
+            len(s.task_classes) if s.task_classes else pool.num_classes for s in shards
+        ),
+        input_shape=tuple(pool.x.shape[1:]),
+        mixing=executor.peer_mixing(cfg.topology.kind, n, seed, cfg.topology.params)
+        if shape == "peer"
+        else None,
+        **lps_layout(cfg, seed),
+    )
+    by_name = {client_name(s.client_id): s for s in shards}
+    groups = {
+        f"clients-{k}": [client_name(i) for i in block]
+        for k, block in enumerate(group_blocks(n, executor.clients_per_actor(n)))
+    }
+    if shape in ("star", "hierarchical"):
+        groups["server"] = [SERVER]
+    for k in range(federation.num_lps):
+        groups[f"lps-{k}"] = [lps_name(k)]
+    threads = max(1, int(cfg.runtime.num_cpus_per_actor))
+    specs = {
+        name: HostSpec(
+            config=cfg.model_dump(mode="json"),
+            federation=federation,
+            participants=tuple(members),
+            shards={p: by_name[p] for p in members if p in by_name},
+            seed=seed,
+            torch_threads=threads,
+            checkpoint_dir=ckpt,
+        )
+        for name, members in groups.items()
+    }
+    return Setup(federation, by_name, specs)
+
+
+def group_blocks(num_clients: int, per_host: int) -> list[list[int]]:
+    """Clients pinned to hosts in contiguous blocks."""
+    return [list(range(s, min(s + per_host, num_clients))) for s in range(0, num_clients, per_host)]
+
+
+def lps_layout(cfg: ExperimentConfig, seed: int) -> dict:
+    """Hierarchical FL: users assigned to LPSs at random (seeded)."""
+    if cfg.shape() != "hierarchical":
+        return {}
+    from raymtl.graph.assignment import random_assignment
+
+    lps_of_client = random_assignment(cfg.data.num_clients, cfg.topology.num_lps, seed)
+    return {"lps_of_client": lps_of_client, "num_lps": cfg.topology.num_lps}
+
+
+def latest_checkpoint(seed_dir: Path) -> int:
+    """The last round of `seed_dir` with a complete checkpoint (0 = none)."""
+    rounds = [int(p.parent.name.removeprefix("round")) for p in seed_dir.glob("round*/COMPLETE")]
+    return max(rounds, default=0)
+
+
+def round_bits(ledger: list[dict], num_clients: int) -> tuple[list[int], list[int]]:
+    """Per-client bits sent (up) and received (down) from one round's ledger."""
+    up, down = [0] * num_clients, [0] * num_clients
+    for row in ledger:
+        if row["src_role"] == "client":
+            up[int(row["src"].split("/")[1])] += row["bits"]
+        if row["dst_role"] == "client":
+            down[int(row["dst"].split("/")[1])] += row["bits"]
+    return up, down
+
+
+class Driver:
+    """Runs one experiment (all seeds) into a run directory."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        make_executor: Callable[[], Executor],
+        progress=None,
+    ):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.make_executor = make_executor
+        self.progress = progress  # callable(seed, round, row) or None
+        self.algorithm_cls = get_algorithm(cfg.algorithm.name)
+        self.params = cfg.algorithm.typed_params()
+        # The driver only asks the algorithm for its phases; it never builds models.
+        self._algorithm = self.algorithm_cls(self.params, model_factory=None)
+        self.recorder = Recorder.load(self.run_dir)
+
+    def run(self, stop_after: int | None = None) -> None:
+        """Run (or resume) every seed; `stop_after` simulates a crash after that round."""
+        for seed in self.cfg.seeds:
+            seed_dir = self.run_dir / "checkpoints" / f"seed{seed}"
+            if (seed_dir / "DONE").exists():
+                continue
+            self.run_seed(seed, seed_dir, stop_after)
+            if stop_after is not None:
+                return
+        self.recorder.flush()
+
+    def run_seed(self, seed: int, seed_dir: Path, stop_after: int | None) -> None:
+        start = latest_checkpoint(seed_dir)
+        self.recorder.truncate_after(seed, start)
+        ckpt = str(seed_dir / f"round{start:05d}") if start else None
+        executor = self.make_executor()
+        try:
+            setup = build_setup(self.cfg, seed, executor, ckpt)
+            executor.start(setup.specs)
+            wall_start = time.perf_counter() - self._wall_time(seed, start)
+            cumulative = self._cumulative_bits(seed, start)
+            for round_index in range(start + 1, self.cfg.rounds + 1):
+                row = self.run_round(executor, setup, seed, round_index, cumulative)
+                cumulative = [row["cum_bits_up"], row["cum_bits_down"]]
+                self._finish_round(row, wall_start)
+                if self._checkpoint_due(round_index):
+                    self.checkpoint(executor, seed_dir, round_index)
+                if stop_after is not None and round_index >= stop_after:
+                    return
+            (seed_dir / "DONE").parent.mkdir(parents=True, exist_ok=True)
+            self.recorder.flush()
+            (seed_dir / "DONE").write_text("done\n")
+        finally:
+            executor.shutdown()
+
+    def run_round(self, executor, setup, seed, round_index, cumulative) -> dict:
+        """All phases of one round, then evaluation; returns the round's row."""
+        n = setup.federation.num_clients
+        sampled = sample_clients(seed, round_index, n, self.params.sample_fraction)
+        router = Router()
+        for phase in self._algorithm.phases(round_index, self.cfg.rounds):
+            inboxes = router.take(self._participants(phase, setup, sampled, router))
+            envelopes = executor.run_phase(round_index, phase, inboxes, sampled)
+            router.deliver(seed, round_index, envelopes)
+        if router.undelivered():
+            raise RuntimeError(f"round {round_index}: messages left undelivered")
+        ledger = router.drain_ledger()
+        self.recorder.add_messages(ledger)
+        up = sum(r["bits"] for r in ledger if not is_downlink(r))
+        down = sum(r["bits"] for r in ledger if is_downlink(r))
+        cumulative = [cumulative[0] + up, cumulative[1] + down]
+        row = {
+            "seed": seed,
+            "round": round_index,
+            "bits_up": up,
+            "bits_down": down,
+            "cum_bits_up": cumulative[0],
+            "cum_bits_down": cumulative[1],
+            "cum_bits": cumulative[0] + cumulative[1],
+        }
+        if self._eval_due(round_index):
+            row.update(self._evaluate(executor, setup, seed, round_index, ledger))
+        return row
+
+    def _participants(self, phase, setup, sampled, router) -> list[str]:
+        members = [p for spec in setup.specs.values() for p in spec.participants]
+        of_role = [p for p in members if role_of(p) == phase.role]
+        if phase.who == "sampled":
+            chosen = {client_name(i) for i in sampled}
+            return [p for p in of_role if p in chosen]
+        if phase.who == "inbox":
+            waiting = router.waiting()
+            return [p for p in of_role if p in waiting]
+        return of_role
+
+    def _evaluate(self, executor, setup, seed, round_index, ledger) -> dict:
+        """Every client on its own test split; per-client rows and the round's fairness."""
+        up, down = round_bits(ledger, setup.federation.num_clients)
+        clients = executor.evaluate()
+        for client_row in clients:
+            i = client_row["client"]
+            client_row.update(seed=seed, round=round_index, bits_up=up[i], bits_down=down[i])
+        self.recorder.add_clients(clients)
+        stats = fairness_stats([r["accuracy"] for r in clients])
+        return {
+            "mean_accuracy": stats["mean"],
+            "worst10_accuracy": stats["worst10"],
+            "worst20_accuracy": stats["worst20"],
+            "std_accuracy": stats["std"],
+            "mean_loss": float(np.mean([r["loss"] for r in clients])),
+        }
+
+    def _finish_round(self, row: dict, wall_start: float) -> None:
+        row["wall_time"] = time.perf_counter() - wall_start
+        for key in ("mean_accuracy", "worst10_accuracy", "worst20_accuracy", "std_accuracy",
+                    "mean_loss"):
+            row.setdefault(key, float("nan"))
+        self.recorder.add_round(row)
+        if self.progress is not None:
+            self.progress(row["seed"], row["round"], row)
+
+    def _eval_due(self, round_index: int) -> bool:
+        return round_index % self.cfg.eval_every == 0 or round_index == self.cfg.rounds
+
+    def _checkpoint_due(self, round_index: int) -> bool:
+        return round_index % self.cfg.checkpoint_every == 0 and round_index < self.cfg.rounds
+
+    def checkpoint(self, executor: Executor, seed_dir: Path, round_index: int) -> None:
+        """Hosts save their own states; then metrics; then the COMPLETE marker."""
+        directory = seed_dir / f"round{round_index:05d}"
+        executor.save(str(directory))
+        self.recorder.flush()
+        (directory / "COMPLETE").write_text(json.dumps({"round": round_index}))
+
+    def _rounds_of(self, seed: int, upto: int):
+        frame = self.recorder.rounds()
+        if frame.empty:
+            return frame
+        return frame[(frame["seed"] == seed) & (frame["round"] <= upto)]
+
+    def _wall_time(self, seed: int, upto: int) -> float:
+        frame = self._rounds_of(seed, upto)
+        return float(frame["wall_time"].max()) if upto and not frame.empty else 0.0
+
+    def _cumulative_bits(self, seed: int, upto: int) -> list[int]:
+        frame = self._rounds_of(seed, upto)
+        if not upto or frame.empty:
+            return [0, 0]
+        last = frame.sort_values("round").iloc[-1]
+        return [int(last["cum_bits_up"]), int(last["cum_bits_down"])]

@@ -1,0 +1,177 @@
+"""Executors: where hosts live. InlineExecutor (one process) and RayExecutor (actors).
+
+Both drive the same `ParticipantHost` code; the executor only decides where a
+host runs and how calls to it are made and awaited.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from abc import ABC, abstractmethod
+
+from raymtl.algorithms.base import Phase, role_of
+from raymtl.config import RuntimeConfig
+from raymtl.graph.mixing import mixing_from_topology
+from raymtl.runtime.host import HostSpec, ParticipantHost
+from raymtl.runtime.router import Envelope
+
+log = logging.getLogger(__name__)
+
+
+def group_clients(num_clients: int, clients_per_actor: int) -> list[list[int]]:
+    """Clients pinned to hosts in contiguous blocks of `clients_per_actor`."""
+    return [
+        list(range(start, min(start + clients_per_actor, num_clients)))
+        for start in range(0, num_clients, clients_per_actor)
+    ]
+
+
+class Executor(ABC):
+    """Starts hosts, runs phases on them, gathers metrics and checkpoints."""
+
+    def __init__(self, runtime: RuntimeConfig):
+        self.runtime = runtime
+        self.hosts: dict[str, object] = {}
+        self.members: dict[str, tuple[str, ...]] = {}  # host name -> participants
+
+    @abstractmethod
+    def clients_per_actor(self, num_clients: int) -> int: ...
+
+    @abstractmethod
+    def peer_mixing(self, kind: str, num_nodes: int, seed: int, params: dict) -> dict: ...
+
+    @abstractmethod
+    def _start_host(self, name: str, role: str, spec: HostSpec): ...
+
+    @abstractmethod
+    def _call(self, method: str, calls: dict[str, tuple]) -> dict[str, object]:
+        """Call `method(*args)` on each named host, in parallel; results by host."""
+
+    def start(self, specs: dict[str, HostSpec]) -> None:
+        """Start one host per spec (named 'clients-0', 'server', 'lps-1', ...)."""
+        for name, spec in specs.items():
+            self.hosts[name] = self._start_host(name, role_of(spec.participants[0]), spec)
+            self.members[name] = spec.participants
+
+    def run_phase(
+        self, round_index: int, phase: Phase, inboxes: dict, sampled: tuple[int, ...]
+    ) -> list[Envelope]:
+        """Run a phase on every host holding one of the inboxes' participants."""
+        calls = {}
+        for name, participants in self.members.items():
+            mine = {p: inboxes[p] for p in participants if p in inboxes}
+            if mine:
+                calls[name] = (round_index, phase, mine, sampled)
+        results = self._call("run_phase", calls)
+        return [envelope for name in calls for envelope in results.get(name, [])]
+
+    def evaluate(self) -> list[dict]:
+        """Per-client test metrics from every client host."""
+        calls = {name: () for name, members in self.members.items() if role_of(members[0]) == "client"}
+        results = self._call("evaluate", calls)
+        return sorted((row for rows in results.values() for row in rows), key=lambda r: r["client"])
+
+    def save(self, directory: str) -> None:
+        """Every host writes its own participants' state (nothing goes through the driver)."""
+        self._call("save", {name: (directory,) for name in self.hosts})
+
+    def shutdown(self) -> None:
+        self.hosts.clear()
+        self.members.clear()
+
+
+class InlineExecutor(Executor):
+    """Hosts are plain objects in this process: for tests, debugging and parity."""
+
+    def clients_per_actor(self, num_clients: int) -> int:
+        limit = self.runtime.clients_per_actor
+        return num_clients if limit == "auto" else limit
+
+    def peer_mixing(self, kind, num_nodes, seed, params):
+        return mixing_from_topology(kind, num_nodes, seed, params)
+
+    def _start_host(self, name, role, spec):
+        return ParticipantHost(spec)
+
+    def _call(self, method, calls):
+        return {name: getattr(self.hosts[name], method)(*args) for name, args in calls.items()}
+
+
+def auto_clients_per_actor(num_clients: int, cpus: float, cpus_per_actor: float) -> int:
+    """Pool clients so the client actors fill the cluster's CPUs once."""
+    actors = max(1, int(cpus // cpus_per_actor))
+    return max(1, math.ceil(num_clients / actors))
+
+
+class RayExecutor(Executor):
+    """Hosts are Ray actors with fractional resources; payloads stay in the object store."""
+
+    def __init__(self, runtime: RuntimeConfig):
+        super().__init__(runtime)
+        import ray
+
+        from raymtl.runtime.actors import GraphActor
+
+        self._ray = ray
+        self.graph = GraphActor.remote()
+
+    def clients_per_actor(self, num_clients: int) -> int:
+        limit = self.runtime.clients_per_actor
+        if limit != "auto":
+            return limit
+        cpus = self._ray.cluster_resources().get("CPU", 1.0)
+        return auto_clients_per_actor(num_clients, cpus, self.runtime.num_cpus_per_actor)
+
+    def peer_mixing(self, kind, num_nodes, seed, params):
+        return self._ray.get(self.graph.peer_mixing.remote(kind, num_nodes, seed, params))
+
+    def _start_host(self, name, role, spec):
+        from raymtl.runtime.actors import ACTOR_OF_ROLE
+
+        if role == "client":
+            resources = {
+                "num_cpus": self.runtime.num_cpus_per_actor,
+                "num_gpus": self.runtime.num_gpus_per_actor,
+                "scheduling_strategy": "SPREAD",
+            }
+        else:  # coordinators are light: they must not take a CPU slot from the clients
+            resources = {"num_cpus": 0}
+        actor_cls = ACTOR_OF_ROLE[role]
+        return actor_cls.options(
+            name=None, max_restarts=self.runtime.max_restarts, **resources
+        ).remote(spec)
+
+    def _call(self, method, calls):
+        refs = {name: getattr(self.hosts[name], method).remote(*args) for name, args in calls.items()}
+        results, failed = {}, []
+        for name, ref in refs.items():
+            try:
+                results[name] = self._ray.get(ref)
+            except self._ray.exceptions.RayActorError as error:
+                log.warning("host %s failed during %s: %s", name, method, error)
+                failed.append(name)
+        self._check_quorum(calls, failed)
+        return results
+
+    def _check_quorum(self, calls: dict, failed: list[str]) -> None:
+        """A call proceeds when enough of the participants it reached answered."""
+        if not failed:
+            return
+        reached = sum(len(self.members[name]) for name in calls)
+        lost = sum(len(self.members[name]) for name in failed)
+        if reached - lost < self.runtime.min_clients_fraction * reached:
+            raise RuntimeError(
+                f"runtime.min_clients_fraction: only {reached - lost} of {reached} "
+                f"participants answered (hosts lost: {', '.join(failed)})"
+            )
+
+    def start(self, specs):
+        super().start(specs)
+        # Fail fast (and time set-up separately from rounds): every actor is built.
+        self._call("ping", {name: () for name in self.hosts})
+
+    def shutdown(self):
+        for handle in [*self.hosts.values(), self.graph]:
+            self._ray.kill(handle)
+        super().shutdown()

@@ -1,0 +1,163 @@
+"""A host: the participants one process (or actor) keeps resident, and their steps.
+
+`ParticipantHost` is the whole per-actor logic. The InlineExecutor calls it
+directly; the Ray actors in `actors.py` are this class with Ray's object store
+plugged into `put`/`get`. One implementation is what makes the two executors
+give identical results.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from raymtl.algorithms.base import Federation, Phase, State, StepContext, payload_bits, role_of
+from raymtl.algorithms.base import Message as AlgorithmMessage
+from raymtl.algorithms.registry import get_algorithm
+from raymtl.algorithms.training import derive_seed, evaluate
+from raymtl.config import ExperimentConfig
+from raymtl.runtime.router import Envelope
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """Everything a host needs to build its participants (metadata and indices only)."""
+
+    config: dict  # the resolved ExperimentConfig, as a plain mapping
+    federation: Federation
+    participants: tuple[str, ...]
+    shards: dict  # client participant -> ClientShard (indices into the source)
+    seed: int
+    torch_threads: int = 1
+    checkpoint_dir: str | None = None  # reload from here when (re)started
+
+
+def checkpoint_file(directory: Path, participant: str) -> Path:
+    """Where a participant's state is saved inside a checkpoint directory."""
+    return directory / f"{participant.replace('/', '_')}.pt"
+
+
+class ParticipantHost:
+    """Holds participants' states and runs the algorithm's steps on them."""
+
+    def __init__(self, spec: HostSpec):
+        torch.set_num_threads(max(1, spec.torch_threads))
+        self.spec = spec
+        self.config = ExperimentConfig.model_validate(spec.config)
+        algorithm_cls = get_algorithm(self.config.algorithm.name)
+        self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self._build_model)
+        self.states: dict[str, State] = {
+            p: self.algorithm.init_state(p, self._client_data(p), spec.federation)
+            for p in spec.participants
+        }
+        if spec.checkpoint_dir:
+            self.load(spec.checkpoint_dir)
+
+    # -- payloads: in-process copies here, Ray's object store in actors.py
+    def put(self, tensors: dict[str, torch.Tensor]):
+        return {name: t.detach().clone() for name, t in tensors.items()}
+
+    def get(self, payloads: list) -> list[dict[str, torch.Tensor]]:
+        return payloads
+
+    def _build_model(self, num_classes: int):
+        from raymtl.models import build_model
+
+        # Same seed for every participant: all models of a run start from one init.
+        torch.manual_seed(derive_seed(self.spec.seed, "model-init"))
+        model_cfg = self.config.model
+        return build_model(
+            model_cfg.name, self.spec.federation.input_shape, num_classes, **model_cfg.params
+        )
+
+    def _client_data(self, participant: str):
+        if role_of(participant) != "client":
+            return None
+        from raymtl.data import load_pool, materialize
+
+        data_cfg = self.config.data
+        pool = load_pool(
+            data_cfg.name, data_cfg.root, data_cfg.download, self.spec.seed, **data_cfg.params
+        )
+        return materialize(pool, self.spec.shards[participant], self.spec.seed)
+
+    def run_phase(
+        self,
+        round_index: int,
+        phase: Phase,
+        inboxes: dict[str, list[Envelope]],
+        sampled: tuple[int, ...],
+    ) -> list[Envelope]:
+        """Run `phase.step` for every participant in `inboxes`; return their outboxes."""
+        step = getattr(self.algorithm, phase.step)
+        outgoing: list[Envelope] = []
+        for participant, envelopes in inboxes.items():
+            payloads = self.get([e.payload for e in envelopes])
+            inbox = [
+                AlgorithmMessage(e.src, e.dst, e.kind, tensors)
+                for e, tensors in zip(envelopes, payloads, strict=True)
+            ]
+            ctx = StepContext(
+                me=participant,
+                round=round_index,
+                rounds=self.config.rounds,
+                seed=self.spec.seed,
+                sampled=sampled,
+                federation=self.spec.federation,
+            )
+            state, outbox = step(self.states[participant], inbox, ctx)
+            self.states[participant] = state
+            outgoing += [
+                Envelope(m.src, m.dst, m.kind, payload_bits(m.tensors), self.put(m.tensors))
+                for m in outbox
+            ]
+        return outgoing
+
+    def evaluate(self) -> list[dict]:
+        """Loss and accuracy of every hosted client on its own test split."""
+        rows = []
+        for participant, state in self.states.items():
+            if role_of(participant) != "client":
+                continue
+            data, shard = state.data, self.spec.shards[participant]
+            metrics = evaluate(self.algorithm.eval_model(state), data.test_x, data.test_y)
+            rows.append(
+                {
+                    "client": shard.client_id,
+                    **metrics,
+                    "samples": len(data.train_y),
+                    "test_samples": len(data.test_y),
+                    "group": shard.group,
+                    "task": shard.task,
+                }
+            )
+        return rows
+
+    def save(self, directory: str) -> None:
+        """Write each hosted participant's state (model + extras) under `directory`."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        for participant, state in self.states.items():
+            blob = {
+                "model": state.model.state_dict() if state.model is not None else None,
+                "extras": state.extras,
+            }
+            target = checkpoint_file(path, participant)
+            torch.save(blob, target.with_suffix(".tmp"))
+            target.with_suffix(".tmp").replace(target)
+
+    def load(self, directory: str) -> None:
+        """Restore hosted participants from a checkpoint directory (data is rebuilt)."""
+        for participant, state in self.states.items():
+            blob = torch.load(checkpoint_file(Path(directory), participant), weights_only=False)
+            if blob["model"] is not None:
+                state.model.load_state_dict(blob["model"])
+            state.extras = blob["extras"]
+
+    def ping(self) -> bool:
+        return True

@@ -1,0 +1,157 @@
+"""Sources load from tiny files written in each dataset's real on-disk format."""
+
+import gzip
+import os
+import pickle
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from raymtl.data import SOURCES, DatasetMissing, load_pool
+from raymtl.data import sources as sources_module
+
+IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+SPLIT_SIZES = {"train": 6, "test": 4}
+
+
+def write_idx(path, array: np.ndarray, compress: bool) -> None:
+    """The idx format: zero bytes, type 0x08 (uint8), ndim, big-endian dims, then the data."""
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)
+    header += struct.pack(f">{array.ndim}I", *array.shape)
+    opener = gzip.open if compress else open
+    with opener(f"{path}.gz" if compress else path, "wb") as handle:
+        handle.write(header + array.astype(np.uint8).tobytes())
+
+
+def write_idx_dataset(directory, compress: bool = False) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for split, (image_name, label_name) in IDX_FILES.items():
+        size = SPLIT_SIZES[split]
+        images = np.arange(size * 28 * 28).reshape(size, 28, 28) % 256
+        write_idx(os.path.join(directory, image_name), images, compress)
+        write_idx(os.path.join(directory, label_name), np.arange(size) % 10, compress)
+
+
+@pytest.fixture
+def no_debian_fashion(monkeypatch, tmp_path):
+    monkeypatch.setattr(sources_module, "DEBIAN_FASHION_MNIST_DIR", str(tmp_path / "absent"))
+
+
+def test_registry_names():
+    assert {"digits", "fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic"} <= set(SOURCES)
+
+
+def test_digits_loads_as_uint8_with_scale_16():
+    pool = load_pool("digits")
+    assert pool.x.shape == (1797, 1, 8, 8) and pool.x.dtype == torch.uint8
+    assert pool.y.shape == (1797,) and pool.y.dtype == torch.int64
+    assert (pool.num_classes, pool.scale, pool.source) == (10, 16.0, "sklearn")
+    assert int(pool.x.max()) == 16
+    assert load_pool("digits") is pool  # cached per process
+
+
+def test_synthetic_is_deterministic_and_parametrised():
+    pool = load_pool("synthetic", seed=3, num_samples=120, num_classes=4, shape=[3, 5, 5])
+    again = sources_module.SOURCES["synthetic"](seed=3, num_samples=120, num_classes=4, shape=(3, 5, 5))
+    other = load_pool("synthetic", seed=4, num_samples=120, num_classes=4, shape=(3, 5, 5))
+    assert pool.x.shape == (120, 3, 5, 5) and pool.x.dtype == torch.float32
+    assert torch.equal(pool.x, again.x) and torch.equal(pool.y, again.y)
+    assert not torch.equal(pool.x, other.x)
+    assert float(pool.x.min()) == 0.0 and float(pool.x.max()) == 1.0
+    assert torch.bincount(pool.y).tolist() == [30] * 4
+    assert (pool.num_classes, pool.scale, pool.source) == (4, 1.0, "synthetic")
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("layout", ["flat", "torchvision"])
+def test_fashion_mnist_from_root(tmp_path, compress, layout):
+    directory = tmp_path if layout == "flat" else tmp_path / "FashionMNIST" / "raw"
+    write_idx_dataset(directory, compress)
+    pool = load_pool("fashion_mnist", root=str(tmp_path))
+    assert pool.x.shape == (10, 1, 28, 28) and pool.x.dtype == torch.uint8
+    assert pool.y.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
+    assert pool.class_names[0] == "T-shirt/top" and pool.num_classes == 10
+    assert pool.source == str(directory) and pool.scale == 255.0
+
+
+@pytest.mark.skipif(
+    not os.path.isdir(sources_module.DEBIAN_FASHION_MNIST_DIR), reason="no Debian fashion-mnist"
+)
+def test_fashion_mnist_from_debian_package():
+    pool = load_pool("fashion_mnist")
+    assert pool.x.shape == (70000, 1, 28, 28) and pool.y.shape == (70000,)
+    assert pool.source == sources_module.DEBIAN_FASHION_MNIST_DIR
+
+
+def test_mnist_from_torchvision_raw_files(tmp_path):
+    write_idx_dataset(tmp_path / "MNIST" / "raw")
+    pool = load_pool("mnist", root=str(tmp_path))
+    assert pool.x.shape == (10, 1, 28, 28) and pool.x.dtype == torch.uint8
+    assert pool.y.dtype == torch.int64 and pool.num_classes == 10
+
+
+def write_pickle(path, content) -> None:
+    with open(path, "wb") as handle:
+        pickle.dump(content, handle)
+
+
+def cifar_batch(size, label_key, offset):
+    data = (np.arange(size * 3072).reshape(size, 3072) + offset) % 256
+    return {"data": data.astype(np.uint8), label_key: [i % 3 for i in range(size)]}
+
+
+def test_cifar10_from_tiny_batches(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for i in range(1, 6):
+        write_pickle(folder / f"data_batch_{i}", cifar_batch(2, "labels", i))
+    write_pickle(folder / "test_batch", cifar_batch(3, "labels", 0))
+    write_pickle(folder / "batches.meta", {"label_names": [f"c{i}" for i in range(10)]})
+    pool = load_pool("cifar10", root=str(tmp_path))
+    assert pool.x.shape == (13, 3, 32, 32) and pool.x.dtype == torch.uint8
+    first = torch.from_numpy(cifar_batch(2, "labels", 1)["data"][0].reshape(3, 32, 32))
+    assert torch.equal(pool.x[0], first)  # CHW as stored, not HWC
+    assert pool.num_classes == 10 and pool.class_names[9] == "c9"
+
+
+def test_cifar100_from_tiny_files(tmp_path):
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    write_pickle(folder / "train", cifar_batch(4, "fine_labels", 0))
+    write_pickle(folder / "test", cifar_batch(2, "fine_labels", 1))
+    write_pickle(folder / "meta", {"fine_label_names": [f"f{i}" for i in range(100)]})
+    pool = load_pool("cifar100", root=str(tmp_path))
+    assert pool.x.shape == (6, 3, 32, 32) and pool.y.tolist() == [0, 1, 2, 0, 0, 1]
+    assert pool.num_classes == 100
+
+
+@pytest.mark.parametrize("name", ["fashion_mnist", "mnist", "cifar10", "cifar100"])
+def test_missing_dataset_says_how_to_get_it(tmp_path, no_debian_fashion, name):
+    with pytest.raises(DatasetMissing, match="data.root") as error:
+        load_pool(name, root=str(tmp_path / "empty"))
+    assert "data.download=true" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_missing_fashion_mnist_mentions_the_debian_package(tmp_path, no_debian_fashion):
+    with pytest.raises(DatasetMissing, match="apt-get install dataset-fashion-mnist"):
+        load_pool("fashion_mnist", root=str(tmp_path))
+
+
+def test_unknown_name_lists_the_sources():
+    with pytest.raises(ValueError, match="data.name: 'foo' is not one of digits, fashion_mnist"):
+        load_pool("foo")
+
+
+def test_unknown_parameter_names_the_field():
+    with pytest.raises(ValueError, match="data.num_samples: not a parameter of source 'digits'"):
+        load_pool("digits", num_samples=10)
+
+
+def test_bad_synthetic_shape():
+    with pytest.raises(ValueError, match="data.shape"):
+        load_pool("synthetic", shape=(8, 8))
