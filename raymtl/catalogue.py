@@ -48,7 +48,9 @@ def catalogue_tables() -> list[Table]:
         for name, cls in all_algorithms().items()
     ]
     sources = [(name, first_line(fn.__doc__), signature_params(fn)) for name, fn in SOURCES.items()]
-    partitions = [(name, first_line(getattr(fn, "__doc__", str(fn))), "") for name, fn in PARTITIONS.items()]
+    partitions = [
+        (name, first_line(getattr(fn, "__doc__", str(fn))), "") for name, fn in PARTITIONS.items()
+    ]
     models = [
         (name, cls.description, ", ".join(f"{k}={v}" for k, v in cls.params.items()))
         for name, cls in MODELS.items()

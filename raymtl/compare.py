@@ -62,7 +62,11 @@ def compare_experiments(
     """Run every config into `out` (default runs/compare-<time>) and tabulate them."""
     from raymtl.metrics import plot_comparison, results_table
 
-    out = Path(out) if out else Path(configs[0].output.dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = (
+        Path(out)
+        if out
+        else Path(configs[0].output.dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Path] = {}
     for cfg in configs:

@@ -138,8 +138,7 @@ def check_topology(cfg: ExperimentConfig) -> None:
     """Peer graphs are built (and so checked: parameters, connectivity); LPS counts fit."""
     if cfg.shape() == "hierarchical" and cfg.topology.num_lps > cfg.data.num_clients:
         raise ValueError(
-            f"topology.num_lps: {cfg.topology.num_lps} LPSs for only "
-            f"{cfg.data.num_clients} clients"
+            f"topology.num_lps: {cfg.topology.num_lps} LPSs for only {cfg.data.num_clients} clients"
         )
     if cfg.shape() == "peer":
         from raymtl.graph.topology import build_topology

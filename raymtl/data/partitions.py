@@ -32,14 +32,12 @@ class ClientShard:
     task_classes: tuple[int, ...] | None  # original class ids of the task; None = no relabel
 
 
-def _assign_classes(class_ids: np.ndarray, num_clients: int, k: int, rng, num_classes: int):
-    """0/1 affinity giving each client k distinct classes, every class used equally often."""
+def _assign_classes(affinity: np.ndarray, class_ids, clients, k: int, rng) -> None:
+    """Mark k distinct classes per client in `affinity`, every class used equally often."""
     order = rng.permutation(np.asarray(class_ids))
-    affinity = np.zeros((num_classes, num_clients))
-    for client in range(num_clients):
+    for position, client in enumerate(clients):
         # Consecutive windows over a cyclic order: distinct within a client, balanced overall.
-        affinity[order[(client * k + np.arange(k)) % order.size], client] = 1.0
-    return affinity
+        affinity[order[(position * k + np.arange(k)) % order.size], client] = 1.0
 
 
 def _iid(class_counts: np.ndarray, num_clients: int, rng, **_) -> np.ndarray:
@@ -49,8 +47,9 @@ def _iid(class_counts: np.ndarray, num_clients: int, rng, **_) -> np.ndarray:
 
 def _classes_per_client(class_counts, num_clients, rng, *, classes_per_client, **_):
     """Pathological label skew: each client holds exactly classes_per_client classes."""
-    all_classes = np.arange(class_counts.size)
-    return _assign_classes(all_classes, num_clients, classes_per_client, rng, class_counts.size)
+    affinity = np.zeros((class_counts.size, num_clients))
+    _assign_classes(affinity, range(class_counts.size), range(num_clients), classes_per_client, rng)
+    return affinity
 
 
 def _dirichlet(class_counts, num_clients, rng, *, alpha, **_):
@@ -64,9 +63,7 @@ def _task_groups(class_counts, num_clients, rng, *, classes_per_client, task_cla
     for task, classes in enumerate(task_classes):
         clients = np.arange(task, num_clients, len(task_classes))
         if classes_per_client < len(classes):
-            k = classes_per_client
-            block = _assign_classes(classes, clients.size, k, rng, class_counts.size)
-            affinity[:, clients] = block
+            _assign_classes(affinity, classes, clients, classes_per_client, rng)
         else:
             affinity[np.ix_(classes, clients)] = 1.0
     return affinity
@@ -106,24 +103,24 @@ def _validate_label_skew(labels, num_classes, num_clients, kind, k, alpha) -> No
 def _validate_tasks(task_classes, kind, num_classes, num_clients, k) -> None:
     if kind != "task_groups":
         if task_classes is not None:
-            raise _fail("task_classes", f"only used when partition.kind is 'task_groups' ({kind!r})")
+            raise _fail("task_classes", f"only used with kind 'task_groups', not {kind!r}")
         return
     if not task_classes:
         raise _fail("task_classes", "required (a list of class lists) for kind 'task_groups'")
     if num_clients < len(task_classes):
         raise _fail("num_clients", f"{num_clients} clients cannot cover {len(task_classes)} tasks")
-    seen: set[int] = set()
+    every = [label for classes in task_classes for label in classes]
+    for label in every:
+        if not 0 <= label < num_classes:
+            raise _fail("task_classes", f"class {label} is not in 0..{num_classes - 1}")
+        if every.count(label) > 1:
+            raise _fail("task_classes", f"class {label} appears in more than one task")
     for task, classes in enumerate(task_classes):
         if not classes:
             raise _fail("task_classes", f"task {task} has no classes")
-        for label in classes:
-            if not 0 <= label < num_classes:
-                raise _fail("task_classes", f"class {label} of task {task} is not in 0..{num_classes - 1}")
-            if label in seen:
-                raise _fail("task_classes", f"class {label} appears in more than one task")
-            seen.add(label)
         if k > len(classes):
-            raise _fail("classes_per_client", f"{k} exceeds the {len(classes)} classes of task {task}")
+            problem = f"{k} exceeds the {len(classes)} classes of task {task}"
+            raise _fail("classes_per_client", problem)
 
 
 def _validate_sizes(quantity, sigma, exponent, test_fraction, max_samples) -> None:
@@ -155,7 +152,7 @@ def _group_settings(rotations, mask_probs) -> list[tuple[int, float]]:
     for prob in mask_probs:
         if not 0 <= prob < 1:
             raise _fail("mask_probs", f"{prob} must be in [0, 1)")
-    return [(int(degrees), float(prob)) for degrees, prob in zip(rotations, mask_probs, strict=True)]
+    return list(zip(map(int, rotations), map(float, mask_probs), strict=True))
 
 
 def _quantity_weights(quantity: str, num_clients: int, sigma: float, exponent: float, rng):
@@ -172,7 +169,8 @@ def _allocate(total: int, proportions: np.ndarray, min_one: bool) -> np.ndarray:
     With min_one, every positive entry gets at least one item when there are enough.
     """
     holders = proportions > 0
-    base = holders.astype(int) if min_one and total >= holders.sum() else np.zeros_like(holders, int)
+    enough = min_one and total >= holders.sum()
+    base = holders.astype(int) if enough else np.zeros(holders.size, int)
     share = proportions / proportions.sum() * (total - base.sum())
     sizes = base + np.floor(share).astype(int)
     by_remainder = np.argsort(-(share - np.floor(share)), kind="stable")
@@ -195,11 +193,10 @@ def _split_by_class(labels, affinity, weights, rng, min_one: bool) -> list[np.nd
 
 def _check_holders(class_counts: np.ndarray, affinity: np.ndarray) -> None:
     holders = (affinity > 0).sum(axis=1)
-    for label in np.flatnonzero(class_counts < holders):
-        raise _fail(
-            "num_clients",
-            f"class {label} has {class_counts[label]} samples for its {holders[label]} clients",
-        )
+    if (class_counts < holders).any():
+        label = int(np.argmax(class_counts < holders))
+        problem = f"class {label} has {class_counts[label]} samples for {holders[label]} clients"
+        raise _fail("num_clients", problem)
 
 
 def _top_up(client_idx: list[np.ndarray], minimum: int, rng) -> None:
@@ -230,8 +227,7 @@ def _train_test_split(idx, labels, test_fraction: float, rng) -> tuple[np.ndarra
     train, test = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
     for label in np.unique(labels[idx]):
         members = rng.permutation(idx[labels[idx] == label])
-        n_test = 0 if members.size < 2 else round(members.size * test_fraction)
-        n_test = min(max(n_test, int(members.size >= 2)), members.size - 1)
+        n_test = min(max(round(members.size * test_fraction), 1), members.size - 1)
         test.append(members[:n_test])
         train.append(members[n_test:])
     train_idx, test_idx = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
@@ -242,14 +238,18 @@ def _train_test_split(idx, labels, test_fraction: float, rng) -> tuple[np.ndarra
 
 
 def _check_client_size(client: int, train: np.ndarray, test: np.ndarray, quantity: str) -> None:
-    if train.size >= MIN_TRAIN and test.size >= MIN_TEST:
-        return
-    field = "quantity" if quantity != "equal" else "num_clients"
-    raise _fail(
-        field,
-        f"client {client} gets {train.size} train / {test.size} test samples "
-        f"(needs >= {MIN_TRAIN} / {MIN_TEST}); use fewer clients or less skew",
-    )
+    if train.size < MIN_TRAIN or test.size < MIN_TEST:
+        field = "quantity" if quantity != "equal" else "num_clients"
+        got = f"client {client} gets {train.size} train / {test.size} test samples"
+        raise _fail(field, f"{got}, needs {MIN_TRAIN} / {MIN_TEST}; use fewer clients or skew")
+
+
+def _make_shard(client: int, train, test, groups, task_classes) -> ClientShard:
+    group = client % len(groups) if groups else 0
+    rotation, mask_prob = groups[group] if groups else (0, 0.0)
+    task = client % len(task_classes) if task_classes else 0
+    classes = tuple(int(label) for label in task_classes[task]) if task_classes else None
+    return ClientShard(client, train, test, group, rotation, mask_prob, task, classes)
 
 
 def partition_clients(
@@ -274,7 +274,8 @@ def partition_clients(
     labels = np.asarray(labels, dtype=np.int64)
     _validate_label_skew(labels, num_classes, num_clients, kind, classes_per_client, alpha)
     _validate_tasks(task_classes, kind, num_classes, num_clients, classes_per_client)
-    _validate_sizes(quantity, quantity_sigma, quantity_exponent, test_fraction, max_samples_per_client)
+    cap = max_samples_per_client
+    _validate_sizes(quantity, quantity_sigma, quantity_exponent, test_fraction, cap)
     groups = _group_settings(rotations, mask_probs)
     rng = np.random.default_rng(seed)
     weights = _quantity_weights(quantity, num_clients, quantity_sigma, quantity_exponent, rng)
@@ -291,12 +292,7 @@ def partition_clients(
         _top_up(client_idx, floor, rng)
     shards = []
     for client, idx in enumerate(client_idx):
-        idx = _cap(idx, labels, max_samples_per_client, rng)
-        train, test = _train_test_split(idx, labels, test_fraction, rng)
+        train, test = _train_test_split(_cap(idx, labels, cap, rng), labels, test_fraction, rng)
         _check_client_size(client, train, test, quantity)
-        rotation, mask_prob = groups[client % len(groups)] if groups else (0, 0.0)
-        task = client % len(task_classes) if task_classes else 0
-        classes = tuple(int(c) for c in task_classes[task]) if task_classes else None
-        group = client % len(groups) if groups else 0
-        shards.append(ClientShard(client, train, test, group, rotation, mask_prob, task, classes))
+        shards.append(_make_shard(client, train, test, groups, task_classes))
     return shards

@@ -5,6 +5,7 @@ The pool joins the official train and test splits; the federation re-splits it p
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import tempfile
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchvision.datasets as tvd
-from torchvision.datasets.mnist import read_image_file, read_label_file
-from torchvision.datasets.utils import check_integrity, extract_archive
+
+# torchvision is imported inside the loaders that need it: importing it costs seconds, and
+# every client actor imports this module (digits and synthetic do not need it).
 
 # Where Debian's `dataset-fashion-mnist` package puts the idx files; a module constant so
 # tests can point it elsewhere.
@@ -45,20 +46,17 @@ class DatasetMissing(ValueError):
     """The dataset is not on disk and may not be downloaded."""
 
 
-def _missing(name: str, root: str | None) -> DatasetMissing:
-    where = f"data.root={root!r}" if root else "data.root (unset)"
-    hint = "; apt-get install dataset-fashion-mnist" if name == "fashion_mnist" else ""
+def _missing(name: str, root: str | None, download: bool, error: Exception) -> DatasetMissing:
+    looked = repr(root) if root else f"{DEFAULT_CACHE_ROOT} (data.root unset)"
+    apt = ", apt-get install dataset-fashion-mnist" if name == "fashion_mnist" else ""
+    detail = " ".join(str(error).split())  # keep one line even if torchvision's message wraps
+    fetch = f"download failed: {detail}" if download else "or set data.download=true"
     return DatasetMissing(
-        f"data.name: {name!r} not found under {where}; set data.root to a directory holding it"
-        f"{hint}; or set data.download=true"
+        f"data.root: no {name} in {looked}; set data.root to a folder holding it{apt}; {fetch}"
     )
 
 
-def _cache_root(root: str | None) -> str:
-    return os.path.expanduser(root or DEFAULT_CACHE_ROOT)
-
-
-def _load_digits(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+def _load_digits(root: str | None = None, download: bool = False) -> Pool:
     """sklearn's bundled 8x8 digits (1797 images, values 0..16)."""
     from sklearn.datasets import load_digits
 
@@ -85,6 +83,8 @@ def _find_idx_dir(candidates: list[Path]) -> Path | None:
 
 
 def _read_idx(path: Path, reader: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    from torchvision.datasets.utils import extract_archive
+
     if path.suffix != ".gz":
         return reader(str(path))
     # torchvision's readers take plain files; decompress next to nothing permanent since the
@@ -94,6 +94,8 @@ def _read_idx(path: Path, reader: Callable[[str], torch.Tensor]) -> torch.Tensor
 
 
 def _pool_from_idx_dir(directory: Path, class_names: list[str]) -> Pool:
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
     images, labels = [], []
     for image_stem, label_stem in _IDX_SPLITS:
         images.append(_read_idx(_idx_path(directory, image_stem), read_image_file))
@@ -103,76 +105,71 @@ def _pool_from_idx_dir(directory: Path, class_names: list[str]) -> Pool:
     return Pool(x, torch.cat(labels).long(), len(names), names, 255.0, str(directory))
 
 
-def _pool_from_torchvision(name: str, root: str | None, make: Callable[[bool], object]) -> Pool:
-    """Join a torchvision dataset's train and test splits; `make(train)` builds one split."""
+def _pool_from_torchvision(name: str, dataset: type, root: str | None, download: bool) -> Pool:
+    """Join the train and test splits of torchvision `dataset` stored under `root`."""
+    folder = os.path.expanduser(root or DEFAULT_CACHE_ROOT)
     try:
-        splits = [make(True), make(False)]
+        splits = [dataset(folder, train=train, download=download) for train in (True, False)]
     except (RuntimeError, OSError) as error:  # "Dataset not found", or a failed download
-        raise _missing(name, root) from error
+        raise _missing(name, root, download, error) from error
     x = torch.cat([torch.as_tensor(np.asarray(split.data)) for split in splits])
     if x.ndim == 3:
         x = x.unsqueeze(1)
     elif x.shape[-1] == 3:  # CIFAR stores HWC
         x = x.permute(0, 3, 1, 2).contiguous()
     y = torch.cat([torch.as_tensor(split.targets, dtype=torch.int64) for split in splits])
-    names = tuple(str(name) for name in splits[0].classes)
-    return Pool(x, y, len(names), names, 255.0, splits[0].root)
+    names = tuple(str(class_name) for class_name in splits[0].classes)
+    return Pool(x, y, len(names), names, 255.0, folder)
 
 
-def _load_fashion_mnist(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+def _load_fashion_mnist(root: str | None = None, download: bool = False) -> Pool:
     """Fashion-MNIST: `root`, then Debian's package, then torchvision (optionally downloading)."""
     candidates = [Path(root), Path(root) / "FashionMNIST" / "raw"] if root else []
     directory = _find_idx_dir([*candidates, Path(DEBIAN_FASHION_MNIST_DIR)])
+    import torchvision.datasets as tvd
+
     if directory is not None:
         return _pool_from_idx_dir(directory, tvd.FashionMNIST.classes)
-    cache = _cache_root(root)
-    return _pool_from_torchvision(
-        "fashion_mnist", root, lambda train: tvd.FashionMNIST(cache, train=train, download=download)
-    )
+    return _pool_from_torchvision("fashion_mnist", tvd.FashionMNIST, root, download)
 
 
-def _load_mnist(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+def _load_mnist(root: str | None = None, download: bool = False) -> Pool:
     """MNIST through torchvision (root/MNIST/raw/)."""
-    cache = _cache_root(root)
-    return _pool_from_torchvision(
-        "mnist", root, lambda train: tvd.MNIST(cache, train=train, download=download)
-    )
+    import torchvision.datasets as tvd
+
+    return _pool_from_torchvision("mnist", tvd.MNIST, root, download)
 
 
-class _FilesPresent:
-    """Mixin trusting CIFAR files by existence, so tests can use tiny files in the real format.
+@functools.cache
+def _files_present(name: str) -> type:
+    """torchvision's CIFAR class `name`, trusting its files by existence.
 
-    torchvision verifies md5s of the full-size batch files; parsing stays torchvision's.
+    torchvision verifies md5s of the full-size batch files; trusting existence lets tests use
+    tiny files in the real on-disk format. Parsing stays torchvision's.
     """
+    import torchvision.datasets as tvd
+    from torchvision.datasets.utils import check_integrity
+
+    base = getattr(tvd, name)
 
     def _check_integrity(self) -> bool:
         folder = os.path.join(self.root, self.base_folder)
         files = self.train_list + self.test_list
-        return all(check_integrity(os.path.join(folder, name)) for name, _ in files)
+        return all(check_integrity(os.path.join(folder, file)) for file, _ in files)
+
+    # md5=None: _load_meta then checks the meta file's existence only.
+    namespace = {"_check_integrity": _check_integrity, "meta": {**base.meta, "md5": None}}
+    return type(f"{name}Present", (base,), namespace)
 
 
-class _CIFAR10Present(_FilesPresent, tvd.CIFAR10):
-    meta = {**tvd.CIFAR10.meta, "md5": None}  # md5=None: _load_meta checks existence only
-
-
-class _CIFAR100Present(_FilesPresent, tvd.CIFAR100):
-    meta = {**tvd.CIFAR100.meta, "md5": None}
-
-
-def _load_cifar10(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+def _load_cifar10(root: str | None = None, download: bool = False) -> Pool:
     """CIFAR-10 through torchvision (root/cifar-10-batches-py/)."""
-    cache = _cache_root(root)
-    return _pool_from_torchvision(
-        "cifar10", root, lambda train: _CIFAR10Present(cache, train=train, download=download)
-    )
+    return _pool_from_torchvision("cifar10", _files_present("CIFAR10"), root, download)
 
 
-def _load_cifar100(root: str | None = None, download: bool = False, seed: int = 0) -> Pool:
+def _load_cifar100(root: str | None = None, download: bool = False) -> Pool:
     """CIFAR-100 (fine labels) through torchvision (root/cifar-100-python/)."""
-    cache = _cache_root(root)
-    return _pool_from_torchvision(
-        "cifar100", root, lambda train: _CIFAR100Present(cache, train=train, download=download)
-    )
+    return _pool_from_torchvision("cifar100", _files_present("CIFAR100"), root, download)
 
 
 def _load_synthetic(
@@ -222,8 +219,8 @@ def _hashable(value: object) -> object:
     return value
 
 
-def _check_params(name: str, loader: Callable[..., Pool], params: dict) -> None:
-    allowed = [p for p in inspect.signature(loader).parameters if p not in ("root", "download", "seed")]
+def _check_params(name: str, accepted: list[str], params: dict) -> None:
+    allowed = [key for key in accepted if key not in ("root", "download", "seed")]
     for key in params:
         if key not in allowed:
             options = ", ".join(allowed) or "none"
@@ -237,8 +234,11 @@ def load_pool(
     if name not in SOURCES:
         raise ValueError(f"data.name: {name!r} is not one of {', '.join(SOURCES)}")
     loader = SOURCES[name]
-    _check_params(name, loader, params)
-    key = (name, root, download, seed, tuple(sorted((k, _hashable(v)) for k, v in params.items())))
+    accepted = list(inspect.signature(loader).parameters)
+    _check_params(name, accepted, params)
+    if "seed" in accepted:  # only random sources depend on the seed; the rest load once
+        params = {**params, "seed": seed}
+    key = (name, root, download, _hashable(sorted(params.items())))
     if key not in _POOL_CACHE:
-        _POOL_CACHE[key] = loader(root=root, download=download, seed=seed, **params)
+        _POOL_CACHE[key] = loader(root=root, download=download, **params)
     return _POOL_CACHE[key]

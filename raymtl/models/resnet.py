@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from torch import nn
-from torchvision.models import resnet18
 
 from raymtl.models.registry import FedModel, check_input_shape, flat_output_size, register
 
@@ -26,6 +25,8 @@ HEAD_STARTS = {"BL-0": "fc", "BL-1": "layer4", "BL-2": "layer3"}
 
 def small_image_resnet18_stages(in_channels: int, num_classes: int) -> list[tuple[str, nn.Module]]:
     """ResNet-18 stages in forward order, with the CIFAR-style stem (3x3 conv, no max pool)."""
+    from torchvision.models import resnet18  # lazy: torchvision costs seconds to import
+
     net = resnet18(weights=None, num_classes=num_classes)
     # 32x32 inputs: a 7x7 stride-2 stem plus max pool would shrink them to 8x8 before layer1.
     net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ray
 
-from raymtl.graph.mixing import mixing_from_topology
 from raymtl.runtime.host import ParticipantHost
 
 
@@ -43,6 +42,8 @@ class GraphActor:
     """CPU-only graph service: networkx/igraph stay out of training processes."""
 
     def peer_mixing(self, kind: str, num_nodes: int, seed: int, params: dict) -> dict:
+        from raymtl.graph.mixing import mixing_from_topology
+
         return mixing_from_topology(kind, num_nodes, seed, params)
 
 

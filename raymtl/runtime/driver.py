@@ -269,8 +269,13 @@ class Driver:
 
     def _finish_round(self, row: dict, wall_start: float) -> None:
         row["wall_time"] = time.perf_counter() - wall_start
-        for key in ("mean_accuracy", "worst10_accuracy", "worst20_accuracy", "std_accuracy",
-                    "mean_loss"):
+        for key in (
+            "mean_accuracy",
+            "worst10_accuracy",
+            "worst20_accuracy",
+            "std_accuracy",
+            "mean_loss",
+        ):
             row.setdefault(key, float("nan"))
         self.recorder.add_round(row)
         if self.progress is not None:

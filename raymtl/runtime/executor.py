@@ -19,14 +19,6 @@ from raymtl.runtime.router import Envelope
 log = logging.getLogger(__name__)
 
 
-def group_clients(num_clients: int, clients_per_actor: int) -> list[list[int]]:
-    """Clients pinned to hosts in contiguous blocks of `clients_per_actor`."""
-    return [
-        list(range(start, min(start + clients_per_actor, num_clients)))
-        for start in range(0, num_clients, clients_per_actor)
-    ]
-
-
 class Executor(ABC):
     """Starts hosts, runs phases on them, gathers metrics and checkpoints."""
 
@@ -68,7 +60,9 @@ class Executor(ABC):
 
     def evaluate(self) -> list[dict]:
         """Per-client test metrics from every client host."""
-        calls = {name: () for name, members in self.members.items() if role_of(members[0]) == "client"}
+        calls = {
+            name: () for name, members in self.members.items() if role_of(members[0]) == "client"
+        }
         results = self._call("evaluate", calls)
         return sorted((row for rows in results.values() for row in rows), key=lambda r: r["client"])
 
@@ -143,7 +137,9 @@ class RayExecutor(Executor):
         ).remote(spec)
 
     def _call(self, method, calls):
-        refs = {name: getattr(self.hosts[name], method).remote(*args) for name, args in calls.items()}
+        refs = {
+            name: getattr(self.hosts[name], method).remote(*args) for name, args in calls.items()
+        }
         results, failed = {}, []
         for name, ref in refs.items():
             try:

@@ -53,11 +53,12 @@ def test_digits_loads_as_uint8_with_scale_16():
     assert (pool.num_classes, pool.scale, pool.source) == (10, 16.0, "sklearn")
     assert int(pool.x.max()) == 16
     assert load_pool("digits") is pool  # cached per process
+    assert load_pool("digits", seed=7) is pool  # the seed only matters to random sources
 
 
 def test_synthetic_is_deterministic_and_parametrised():
     pool = load_pool("synthetic", seed=3, num_samples=120, num_classes=4, shape=[3, 5, 5])
-    again = sources_module.SOURCES["synthetic"](seed=3, num_samples=120, num_classes=4, shape=(3, 5, 5))
+    again = SOURCES["synthetic"](seed=3, num_samples=120, num_classes=4, shape=(3, 5, 5))
     other = load_pool("synthetic", seed=4, num_samples=120, num_classes=4, shape=(3, 5, 5))
     assert pool.x.shape == (120, 3, 5, 5) and pool.x.dtype == torch.float32
     assert torch.equal(pool.x, again.x) and torch.equal(pool.y, again.y)

@@ -1,0 +1,73 @@
+"""Shared fixtures: one local Ray per test session, experiment builders."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from raymtl.config import parse_config
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory):
+    """One local Ray (2 CPUs) for every integration test of the session.
+
+    Ray's temp files go to a fresh directory, so nothing from an earlier run (or
+    from ~/.ray) is reused.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=str(tmp_path_factory.mktemp("ray")),
+        )
+    yield ray
+    ray.shutdown()
+
+
+def digits_experiment(tmp_path, **overrides) -> dict:
+    """A small, fast experiment on rotated digits as a raw mapping."""
+    raw = {
+        "name": "test",
+        "data": {
+            "name": "digits",
+            "num_clients": 6,
+            "partition": {
+                "kind": "classes_per_client",
+                "classes_per_client": 2,
+                "rotations": [0, 90, 180],
+                "max_samples_per_client": 60,
+            },
+        },
+        "model": {"name": "cnn_mnist"},
+        "algorithm": {"name": "fedavg", "params": {"epochs": 1, "lr": 0.1}},
+        "rounds": 2,
+        "checkpoint_every": 1,
+        "seeds": [0],
+        "runtime": {"executor": "inline", "dashboard": False},
+        "output": {"dir": str(tmp_path), "plots": False},
+    }
+    for key, value in overrides.items():
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return raw
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    """Build a validated ExperimentConfig from dotted overrides."""
+
+    def build(**overrides):
+        return parse_config(digits_experiment(tmp_path, **overrides))
+
+    return build
+
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")

@@ -1,0 +1,85 @@
+"""Bad experiments are rejected with one line naming the field (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from raymtl.config import ConfigError, dump_config, load_config, parse_config
+from tests.conftest import digits_experiment
+
+
+def rejected(tmp_path, **overrides) -> str:
+    with pytest.raises(ConfigError) as error:
+        parse_config(digits_experiment(tmp_path, **overrides))
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_defaults_resolve_the_topology_from_the_algorithm(make_config):
+    assert make_config().topology.kind == "star"
+    assert make_config(**{"algorithm.name": "dpsgd"}).topology.kind == "erdos_renyi"
+    assert make_config(**{"algorithm.name": "hfedavg"}).topology.kind == "hierarchical"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"data.colour": "red"}, "data.colour: unknown key"),
+        ({"rounds": "many"}, "rounds:"),
+        ({"rounds": 0}, "rounds:"),
+        ({"algorithm.name": "fedprox"}, "algorithm.name: 'fedprox' is not one of"),
+        ({"algorithm.params": {"lr": -1}}, "algorithm.params.lr:"),
+        ({"algorithm.params": {"momentun": 0.9}}, "algorithm.params.momentun: unknown key"),
+        ({"topology.kind": "ring"}, "topology.kind: fedavg runs on star"),
+        ({"data.partition.kind": "shards"}, "data.partition.kind:"),
+        ({"runtime.executor": "dask"}, "runtime.executor:"),
+    ],
+)
+def test_one_line_errors_name_the_field(tmp_path, overrides, field):
+    assert field in rejected(tmp_path, **overrides)
+
+
+def test_more_lps_than_clients_is_rejected(tmp_path):
+    message = rejected(tmp_path, **{"algorithm.name": "hfedavg", "topology.num_lps": 7})
+    assert message.startswith("topology.num_lps: 7 LPSs for only 6 clients")
+
+
+def test_a_disconnected_graph_is_rejected(tmp_path):
+    message = rejected(
+        tmp_path,
+        **{
+            "algorithm.name": "dpsgd",
+            "topology.kind": "custom",
+            "topology.params": {"edges": [[0, 1], [2, 3], [4, 5]]},
+        },
+    )
+    assert message.startswith("topology.edges: the graph is not connected")
+
+
+def test_bad_graph_parameters_are_rejected(tmp_path):
+    message = rejected(
+        tmp_path,
+        **{"algorithm.name": "dpsgd", "topology.kind": "erdos_renyi", "topology.params": {"p": 2}},
+    )
+    assert message.startswith("topology.p")
+
+
+def test_file_overrides_and_round_trip(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(digits_experiment(tmp_path)))
+    cfg = load_config(path, ["rounds=7", "algorithm.params.lr=0.2", "data.partition.kind=iid"])
+    assert (cfg.rounds, cfg.algorithm.typed_params().lr) == (7, 0.2)
+    assert cfg.data.partition.kind == "iid"
+    again = parse_config(yaml.safe_load(dump_config(cfg)))
+    assert again == cfg
+
+
+def test_missing_file_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="experiment file: .* does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(digits_experiment(tmp_path)))
+    with pytest.raises(ConfigError, match="expected key.path=value"):
+        load_config(path, ["rounds"])

@@ -1,0 +1,39 @@
+"""Only raymtl/runtime may import Ray: algorithms and graph code stay pure."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "raymtl"
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):  # walks function bodies too: lazy imports count
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", ["algorithms", "graph", "data", "models", "metrics"])
+def test_pure_packages_never_import_ray(package):
+    offenders = [
+        str(path.relative_to(PACKAGE))
+        for path in (PACKAGE / package).rglob("*.py")
+        if "ray" in imported_modules(path)
+    ]
+    assert offenders == []
+
+
+def test_importing_the_algorithms_does_not_load_ray():
+    code = "import raymtl.algorithms, raymtl.graph, sys; print('ray' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
