@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from raymtl.config import ConfigError, load_config, load_raw, parse_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
-console = Console()
+# Tables stay readable when the output is a file or a pipe (rich falls back to 80 columns).
+console = Console(width=None if sys.stdout.isatty() else 120)
 errors = Console(stderr=True)
 
 

@@ -77,7 +77,10 @@ class RuntimeConfig(Section):
     num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray started for you")
     clients_per_actor: int | Literal["auto"] = "auto"
     num_cpus_per_actor: float = Field(1.0, gt=0)
-    num_gpus_per_actor: float = Field(0.0, ge=0)
+    num_gpus_per_actor: float = Field(0.0, ge=0, description="e.g. 0.25: four actors a GPU")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = cuda when num_gpus_per_actor > 0, else cpu"
+    )
     max_restarts: int = Field(0, ge=0)
     min_clients_fraction: float = Field(1.0, gt=0, le=1)
     dashboard: bool = True

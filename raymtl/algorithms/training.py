@@ -81,12 +81,13 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 51
 
 
 def model_tensors(model: nn.Module, prefixes: Sequence[str] | None = None) -> dict:
-    """The model's floating-point state (parameters and float buffers), detached copies.
+    """The model's floating-point state (parameters and float buffers), detached CPU copies.
 
     `prefixes` keeps only the entries whose name starts with one of them.
     """
     return {
-        name: value.detach().clone()
+        # CPU copies: messages travel through the (host-memory) object store.
+        name: value.detach().to("cpu", copy=True)
         for name, value in model.state_dict().items()
         if value.is_floating_point()
         and (prefixes is None or any(name.startswith(p) for p in prefixes))

@@ -92,7 +92,7 @@ def format_percent(stat: dict[str, float]) -> str:
     """'mean ± std' of a [0, 1] quantity, shown in percent."""
     if math.isnan(stat["mean"]):
         return "-"
-    return f"{100 * stat['mean']:.2f} ± {100 * stat['std']:.2f}"
+    return f"{100 * stat['mean']:.1f}±{100 * stat['std']:.1f}"
 
 
 def format_seconds(seconds: float) -> str:
@@ -107,14 +107,12 @@ def format_seconds(seconds: float) -> str:
 
 def results_table(summaries: list[dict], title: str) -> Table:
     """One row per algorithm: accuracies (%, mean ± std over seeds), total bits, wall time."""
-    table = Table(title=title)
-    table.add_column("Algorithm", style="bold")
-    table.add_column("Seeds", justify="right")
-    table.add_column("Mean acc (%)", justify="right")
-    table.add_column("Worst-10% acc (%)", justify="right")
-    table.add_column("Std across clients (%)", justify="right")
-    table.add_column("Total bits", justify="right")
-    table.add_column("Wall time", justify="right")
+    table = Table(title=title, title_justify="left")
+    table.add_column("Experiment", style="bold", no_wrap=True)
+    for header in ("Seeds", "Acc %", "Worst10 %", "Worst20 %", "Std %"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("Bits", justify="right", no_wrap=True)
+    table.add_column("Time", justify="right", no_wrap=True)
     for summary in summaries:
         final = summary["final"]
         table.add_row(
@@ -122,6 +120,7 @@ def results_table(summaries: list[dict], title: str) -> Table:
             str(len(summary["seeds"])),
             format_percent(final["mean_accuracy"]),
             format_percent(final["worst10_accuracy"]),
+            format_percent(final["worst20_accuracy"]),
             format_percent(final["std_accuracy"]),
             format_bits(final["total_bits"]["mean"]),
             format_seconds(final["wall_time"]["mean"]),

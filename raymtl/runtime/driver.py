@@ -35,7 +35,7 @@ from raymtl.algorithms.training import derive_seed
 from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.metrics import Recorder, fairness_stats
 from raymtl.runtime.executor import Executor
-from raymtl.runtime.host import HostSpec
+from raymtl.runtime.host import HostSpec, checkpoint_dir, latest_checkpoint
 from raymtl.runtime.router import Router
 
 TIER = {"client": 0, "lps": 1, "server": 2, "graph": 2}
@@ -81,7 +81,7 @@ def partition(cfg: ExperimentConfig, seed: int):
     return pool, shards
 
 
-def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, ckpt: str | None) -> Setup:
+def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: Path) -> Setup:
     """Partition the data, build the topology and lay participants out on hosts."""
     pool, shards = partition(cfg, seed)
     n = cfg.data.num_clients
@@ -116,11 +116,26 @@ def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, ckpt: str 
             shards={p: by_name[p] for p in members if p in by_name},
             seed=seed,
             torch_threads=threads,
-            checkpoint_dir=ckpt,
+            device=client_device(cfg) if members[0].startswith("client") else "cpu",
+            checkpoint_root=str(seed_dir),
         )
         for name, members in groups.items()
     }
     return Setup(federation, by_name, specs)
+
+
+def client_device(cfg: ExperimentConfig) -> str:
+    """Client hosts train on a GPU when the actors ask for one and it is there."""
+    import torch
+
+    wants_gpu = cfg.runtime.device == "cuda" or (
+        cfg.runtime.device == "auto" and cfg.runtime.num_gpus_per_actor > 0
+    )
+    if cfg.runtime.device == "cuda" and cfg.runtime.num_gpus_per_actor == 0:
+        raise ConfigError("runtime.device: 'cuda' needs runtime.num_gpus_per_actor > 0")
+    # Under Ray the GPU is the actor's (Ray sets CUDA_VISIBLE_DEVICES), not the driver's.
+    gpu_there = cfg.runtime.executor == "ray" or torch.cuda.is_available()
+    return "cuda" if wants_gpu and gpu_there else "cpu"
 
 
 def group_blocks(num_clients: int, per_host: int) -> list[list[int]]:
@@ -136,12 +151,6 @@ def lps_layout(cfg: ExperimentConfig, seed: int) -> dict:
 
     lps_of_client = random_assignment(cfg.data.num_clients, cfg.topology.num_lps, seed)
     return {"lps_of_client": lps_of_client, "num_lps": cfg.topology.num_lps}
-
-
-def latest_checkpoint(seed_dir: Path) -> int:
-    """The last round of `seed_dir` with a complete checkpoint (0 = none)."""
-    rounds = [int(p.parent.name.removeprefix("round")) for p in seed_dir.glob("round*/COMPLETE")]
-    return max(rounds, default=0)
 
 
 def round_bits(ledger: list[dict], num_clients: int) -> tuple[list[int], list[int]]:
@@ -189,10 +198,9 @@ class Driver:
     def run_seed(self, seed: int, seed_dir: Path, stop_after: int | None) -> None:
         start = latest_checkpoint(seed_dir)
         self.recorder.truncate_after(seed, start)
-        ckpt = str(seed_dir / f"round{start:05d}") if start else None
         executor = self.make_executor()
         try:
-            setup = build_setup(self.cfg, seed, executor, ckpt)
+            setup = build_setup(self.cfg, seed, executor, seed_dir)
             executor.start(setup.specs)
             wall_start = time.perf_counter() - self._wall_time(seed, start)
             cumulative = self._cumulative_bits(seed, start)
@@ -289,7 +297,7 @@ class Driver:
 
     def checkpoint(self, executor: Executor, seed_dir: Path, round_index: int) -> None:
         """Hosts save their own states; then metrics; then the COMPLETE marker."""
-        directory = seed_dir / f"round{round_index:05d}"
+        directory = checkpoint_dir(seed_dir, round_index)
         executor.save(str(directory))
         self.recorder.flush()
         (directory / "COMPLETE").write_text(json.dumps({"round": round_index}))

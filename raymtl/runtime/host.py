@@ -34,7 +34,21 @@ class HostSpec:
     shards: dict  # client participant -> ClientShard (indices into the source)
     seed: int
     torch_threads: int = 1
-    checkpoint_dir: str | None = None  # reload from here when (re)started
+    device: str = "cpu"
+    # The seed's checkpoint root: a (re)started host resumes from its latest complete
+    # checkpoint, so an actor restarted by Ray after a crash reloads its clients' state.
+    checkpoint_root: str | None = None
+
+
+def latest_checkpoint(seed_dir: Path) -> int:
+    """The last round under `seed_dir` with a complete checkpoint (0 = none)."""
+    rounds = [int(p.parent.name.removeprefix("round")) for p in seed_dir.glob("round*/COMPLETE")]
+    return max(rounds, default=0)
+
+
+def checkpoint_dir(seed_dir: Path, round_index: int) -> Path:
+    """The directory of the checkpoint taken after `round_index`."""
+    return seed_dir / f"round{round_index:05d}"
 
 
 def checkpoint_file(directory: Path, participant: str) -> Path:
@@ -55,8 +69,10 @@ class ParticipantHost:
             p: self.algorithm.init_state(p, self._client_data(p), spec.federation)
             for p in spec.participants
         }
-        if spec.checkpoint_dir:
-            self.load(spec.checkpoint_dir)
+        if spec.checkpoint_root:
+            last = latest_checkpoint(Path(spec.checkpoint_root))
+            if last:
+                self.load(str(checkpoint_dir(Path(spec.checkpoint_root), last)))
 
     # -- payloads: in-process copies here, Ray's object store in actors.py
     def put(self, tensors: dict[str, torch.Tensor]):
@@ -71,9 +87,10 @@ class ParticipantHost:
         # Same seed for every participant: all models of a run start from one init.
         torch.manual_seed(derive_seed(self.spec.seed, "model-init"))
         model_cfg = self.config.model
-        return build_model(
+        model = build_model(
             model_cfg.name, self.spec.federation.input_shape, num_classes, **model_cfg.params
         )
+        return model.to(self.spec.device)
 
     def _client_data(self, participant: str):
         if role_of(participant) != "client":
@@ -84,7 +101,11 @@ class ParticipantHost:
         pool = load_pool(
             data_cfg.name, data_cfg.root, data_cfg.download, self.spec.seed, **data_cfg.params
         )
-        return materialize(pool, self.spec.shards[participant], self.spec.seed)
+        data = materialize(pool, self.spec.shards[participant], self.spec.seed)
+        if self.spec.device != "cpu":
+            for name in ("train_x", "train_y", "test_x", "test_y"):
+                setattr(data, name, getattr(data, name).to(self.spec.device))
+        return data
 
     def run_phase(
         self,
@@ -154,7 +175,11 @@ class ParticipantHost:
     def load(self, directory: str) -> None:
         """Restore hosted participants from a checkpoint directory (data is rebuilt)."""
         for participant, state in self.states.items():
-            blob = torch.load(checkpoint_file(Path(directory), participant), weights_only=False)
+            blob = torch.load(
+                checkpoint_file(Path(directory), participant),
+                map_location=self.spec.device,
+                weights_only=False,
+            )
             if blob["model"] is not None:
                 state.model.load_state_dict(blob["model"])
             state.extras = blob["extras"]

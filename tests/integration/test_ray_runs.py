@@ -78,8 +78,9 @@ def test_no_model_tensor_reaches_the_driver(ray_session, make_config, monkeypatc
     run_experiment(cfg)
     assert seen, "the driver made no ray.get at all"
     assert not any(contains_tensor(value) for value in seen)
-    envelopes = [e for value in seen if isinstance(value, list) for e in value
-                 if hasattr(e, "payload")]
+    envelopes = [
+        e for value in seen if isinstance(value, list) for e in value if hasattr(e, "payload")
+    ]
     assert envelopes and all(isinstance(e.payload, ray_session.ObjectRef) for e in envelopes)
 
 
@@ -104,9 +105,11 @@ def test_resume_reproduces_the_uninterrupted_run(ray_session, make_config, tmp_p
 @pytest.mark.parametrize("algorithm", ["fedavg", "dpsgd"])
 def test_inline_and_ray_executors_agree_exactly(ray_session, make_config, tmp_path, algorithm):
     settings = {"algorithm.name": algorithm, "rounds": 3}
-    inline = run_experiment(make_config(**settings, **{"runtime.executor": "inline"}),
-                            tmp_path / "inline")
-    remote = run_experiment(make_config(**settings, **{"runtime.executor": "ray"}),
-                            tmp_path / "ray")
+    inline = run_experiment(
+        make_config(**settings, **{"runtime.executor": "inline"}), tmp_path / "inline"
+    )
+    remote = run_experiment(
+        make_config(**settings, **{"runtime.executor": "ray"}), tmp_path / "ray"
+    )
     columns = ["round", "client", "loss", "accuracy", "samples", "bits_up", "bits_down"]
     pd.testing.assert_frame_equal(final_clients(inline)[columns], final_clients(remote)[columns])

@@ -130,9 +130,7 @@ def test_hfedavg_lps_sends_common_layers_only_on_global_rounds():
     assert torch.allclose(lps.model.state_dict()["head.bias"], torch.full((2,), 3.0))
     _, outbox = hfedavg.aggregate(lps, inbox, context("lps/0", federation, round_index=2))
     assert [(m.dst, list(m.tensors)) for m in outbox] == [("server", ["head.weight"])]
-    assert [p.step for p in hfedavg.phases(1, 10)] == [
-        "train", "aggregate", "broadcast", "receive"
-    ]
+    assert [p.step for p in hfedavg.phases(1, 10)] == ["train", "aggregate", "broadcast", "receive"]
     assert "aggregate_common" in [p.step for p in hfedavg.phases(2, 10)]
 
 

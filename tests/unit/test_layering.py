@@ -35,5 +35,7 @@ def test_pure_packages_never_import_ray(package):
 
 def test_importing_the_algorithms_does_not_load_ray():
     code = "import raymtl.algorithms, raymtl.graph, sys; print('ray' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "False"
