@@ -1,0 +1,159 @@
+"""What does running a federation on Ray actors cost over a plain PyTorch loop?
+
+(a) raymtl: FedAvg through the RayExecutor (client actors, object store, router).
+(b) the same client updates in one process: the same partition, initial model,
+    per-client seeds and local SGD, called in a plain `for` loop.
+
+Both time the rounds only (evaluation once, at the end, in both); Ray's start-up
+and the actors' set-up (imports, data loading) are reported separately.
+
+    .venv/bin/python benchmarks/overhead.py                       # Fashion-MNIST CNN
+    .venv/bin/python benchmarks/overhead.py --dataset digits
+    .venv/bin/python benchmarks/overhead.py --record              # append to RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from raymtl.algorithms.base import LocalTrainingParams, client_name
+from raymtl.algorithms.training import (
+    derive_seed,
+    evaluate,
+    load_tensors,
+    local_sgd,
+    model_tensors,
+    weighted_average,
+)
+from raymtl.config import parse_config
+from raymtl.data import load_pool, materialize
+from raymtl.models import build_model
+from raymtl.runtime.api import start_ray
+from raymtl.runtime.driver import Driver, partition
+from raymtl.runtime.executor import RayExecutor
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def experiment(args, run_dir: Path) -> dict:
+    return {
+        "name": "overhead",
+        "data": {
+            "name": args.dataset,
+            "num_clients": args.clients,
+            "partition": {
+                "kind": "classes_per_client",
+                "classes_per_client": 2,
+                "max_samples_per_client": args.max_samples,
+            },
+        },
+        "model": {"name": "cnn_mnist"},
+        "algorithm": {"name": "fedavg", "params": {"epochs": args.epochs, "lr": 0.05}},
+        "rounds": args.rounds,
+        "eval_every": args.rounds,
+        "checkpoint_every": args.rounds,
+        "runtime": {"executor": "ray", "dashboard": False},
+        "output": {"dir": str(run_dir), "plots": False},
+    }
+
+
+def run_on_ray(cfg, run_dir: Path) -> dict:
+    """(a): the federation through raymtl's RayExecutor; timings from rounds.parquet."""
+    import pandas as pd
+
+    ray_start = start_ray(cfg)
+    began = time.perf_counter()
+    Driver(cfg, run_dir, lambda: RayExecutor(cfg.runtime)).run()
+    total = time.perf_counter() - began
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+    round_time = float(rounds["wall_time"].max())
+    return {
+        "ray_start_s": ray_start,
+        "setup_s": total - round_time,
+        "rounds_s": round_time,
+        "accuracy": float(rounds["mean_accuracy"].dropna().iloc[-1]),
+    }
+
+
+def run_plain(cfg) -> dict:
+    """(b): the same FedAvg client updates in one process, one after the other."""
+    seed = cfg.seeds[0]
+    began = time.perf_counter()
+    pool, shards = partition(cfg, seed)
+    clients = [materialize(pool, shard, seed) for shard in shards]
+    torch.manual_seed(derive_seed(seed, "model-init"))
+    model = build_model("cnn_mnist", tuple(pool.x.shape[1:]), pool.num_classes)
+    global_state = model_tensors(model)
+    params: LocalTrainingParams = cfg.algorithm.typed_params()
+    setup = time.perf_counter() - began
+    began = time.perf_counter()
+    for round_index in range(1, cfg.rounds + 1):
+        updates = []
+        for i, data in enumerate(clients):
+            load_tensors(model, global_state)
+            train_seed = derive_seed(seed, round_index, client_name(i), "train")
+            local_sgd(model, data.train_x, data.train_y, params, train_seed)
+            updates.append((model_tensors(model), len(data.train_y)))
+        global_state = weighted_average(updates)
+    rounds = time.perf_counter() - began
+    load_tensors(model, global_state)
+    accuracy = np.mean([evaluate(model, d.test_x, d.test_y)["accuracy"] for d in clients])
+    return {"setup_s": setup, "rounds_s": rounds, "accuracy": float(accuracy)}
+
+
+def record(args, ray_result: dict, plain_result: dict, ratio: float) -> None:
+    """Append one row to RESULTS.md (machine, date, command, figures)."""
+    command = (
+        f"benchmarks/overhead.py --dataset {args.dataset} --clients {args.clients} "
+        f"--rounds {args.rounds} --epochs {args.epochs} --max-samples {args.max_samples}"
+    )
+    machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, CPU only"
+    row = (
+        f"| {date.today()} | {machine} | `{command}` | {ray_result['rounds_s']:.1f} | "
+        f"{plain_result['rounds_s']:.1f} | **{ratio:.2f}** | {ray_result['ray_start_s']:.1f} | "
+        f"{ray_result['setup_s']:.1f} | {ray_result['accuracy']:.3f} / "
+        f"{plain_result['accuracy']:.3f} |\n"
+    )
+    with RESULTS.open("a") as results:
+        results.write(row)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="fashion_mnist")
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-samples", type=int, default=500)
+    parser.add_argument("--out", default="runs/bench-overhead")
+    parser.add_argument("--record", action="store_true", help="append the result to RESULTS.md")
+    args = parser.parse_args()
+    run_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+    cfg = parse_config(experiment(args, run_dir))
+    plain_result = run_plain(cfg)
+    ray_result = run_on_ray(cfg, run_dir)
+    ratio = ray_result["rounds_s"] / plain_result["rounds_s"]
+    print(
+        f"plain loop : rounds {plain_result['rounds_s']:.1f} s (set-up {plain_result['setup_s']:.1f} s)"
+    )
+    print(
+        f"raymtl/Ray : rounds {ray_result['rounds_s']:.1f} s (Ray start {ray_result['ray_start_s']:.1f} s,"
+        f" actors' set-up {ray_result['setup_s']:.1f} s)"
+    )
+    print(
+        f"ratio a/b  : {ratio:.2f}   final accuracy ray {ray_result['accuracy']:.3f}"
+        f" / plain {plain_result['accuracy']:.3f}"
+    )
+    if args.record:
+        record(args, ray_result, plain_result, ratio)
+
+
+if __name__ == "__main__":
+    main()
