@@ -33,7 +33,7 @@ from raymtl.algorithms.training import (
     weighted_average,
 )
 from raymtl.config import parse_config
-from raymtl.data import load_pool, materialize
+from raymtl.data import materialize
 from raymtl.models import build_model
 from raymtl.runtime.api import start_ray
 from raymtl.runtime.driver import Driver, partition
@@ -140,16 +140,15 @@ def main() -> None:
     plain_result = run_plain(cfg)
     ray_result = run_on_ray(cfg, run_dir)
     ratio = ray_result["rounds_s"] / plain_result["rounds_s"]
+    plain, remote = plain_result, ray_result
+    print(f"plain loop : rounds {plain['rounds_s']:.1f} s (set-up {plain['setup_s']:.1f} s)")
     print(
-        f"plain loop : rounds {plain_result['rounds_s']:.1f} s (set-up {plain_result['setup_s']:.1f} s)"
+        f"raymtl/Ray : rounds {remote['rounds_s']:.1f} s "
+        f"(Ray start {remote['ray_start_s']:.1f} s, actors' set-up {remote['setup_s']:.1f} s)"
     )
     print(
-        f"raymtl/Ray : rounds {ray_result['rounds_s']:.1f} s (Ray start {ray_result['ray_start_s']:.1f} s,"
-        f" actors' set-up {ray_result['setup_s']:.1f} s)"
-    )
-    print(
-        f"ratio a/b  : {ratio:.2f}   final accuracy ray {ray_result['accuracy']:.3f}"
-        f" / plain {plain_result['accuracy']:.3f}"
+        f"ratio a/b  : {ratio:.2f}   final accuracy ray {remote['accuracy']:.3f}"
+        f" / plain {plain['accuracy']:.3f}"
     )
     if args.record:
         record(args, ray_result, plain_result, ratio)

@@ -119,10 +119,15 @@ class StepContext:
     seed: int
     sampled: tuple[int, ...]
     federation: Federation
+    records: list[tuple[str, dict]] = field(default_factory=list)
 
     @property
     def index(self) -> int:
         return index_of(self.me)
+
+    def record(self, table: str, **row) -> None:
+        """Log a metadata row to `<table>.parquet` of the run (seed and round are added)."""
+        self.records.append((table, row))
 
 
 class Params(BaseModel):
@@ -156,6 +161,7 @@ class Algorithm:
     summary: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = LocalTrainingParams
     shapes: ClassVar[tuple[str, ...]] = ("star",)  # star | peer | hierarchical | none
+    uses_graph: ClassVar[bool] = False  # True: a "graph" participant runs graph steps
 
     def __init__(self, params: Params, model_factory):
         self.params = params

@@ -100,8 +100,15 @@ class Recorder:
 
     def _append(self, table_name: str, rows: list[dict]) -> None:
         if rows:
-            chunk = pa.Table.from_pylist(rows, schema=SCHEMAS[table_name])
-            self._chunks[table_name].append(chunk)
+            chunk = pa.Table.from_pylist(rows, schema=SCHEMAS.get(table_name))
+            self._chunks.setdefault(table_name, []).append(chunk)
+
+    def add_rows(self, table_name: str, rows: list[dict]) -> None:
+        """Append rows to an algorithm's own table (e.g. ``graph``); schema inferred.
+
+        Rows must carry ``seed`` and ``round`` so that resume can truncate them.
+        """
+        self._append(table_name, rows)
 
     def add_clients(self, rows: list[dict]) -> None:
         """Append per-client evaluation rows (see ``CLIENTS_SCHEMA``)."""
@@ -117,10 +124,10 @@ class Recorder:
 
     def arrow_table(self, table_name: str) -> pa.Table:
         """All rows of ``table_name`` as one Arrow table (empty with columns if no rows)."""
-        chunks = self._chunks[table_name]
+        chunks = self._chunks.get(table_name, [])
         if not chunks:
-            return SCHEMAS[table_name].empty_table()
-        table = pa.concat_tables(chunks).combine_chunks()
+            return SCHEMAS[table_name].empty_table() if table_name in SCHEMAS else pa.table({})
+        table = pa.concat_tables(chunks, promote_options="default").combine_chunks()
         # Keep a single chunk so repeated flushes don't re-concatenate many small tables.
         self._chunks[table_name] = [table]
         return table
@@ -128,9 +135,10 @@ class Recorder:
     def flush(self) -> None:
         """(Re)write clients/rounds/messages ``.parquet`` files in ``run_dir`` atomically."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for table_name in SCHEMAS:
+        for table_name in self._chunks:
             table = self.arrow_table(table_name)
-            write_parquet_atomically(table, parquet_path(self.run_dir, table_name))
+            if table_name in SCHEMAS or table.num_rows:
+                write_parquet_atomically(table, parquet_path(self.run_dir, table_name))
 
     @classmethod
     def load(cls, run_dir: Path) -> Recorder:
@@ -140,22 +148,29 @@ class Recorder:
             table = read_parquet_or_empty(parquet_path(recorder.run_dir, table_name), schema)
             if table.num_rows:
                 recorder._chunks[table_name] = [table]
+        for path in sorted(recorder.run_dir.glob("*.parquet")):
+            if path.stem not in SCHEMAS:  # algorithm tables (graph, clusters, ...)
+                recorder._chunks[path.stem] = [pq.read_table(path)]
         return recorder
 
     def truncate_after(self, seed: int, round: int) -> None:
-        """Drop rows of ``seed`` with round > ``round`` and every row of a later seed.
+        """Drop the rows of ``seed`` with round > ``round`` (in every table).
 
         Used on resume: the run restarts from a checkpoint at (seed, round), so anything logged
-        after it would otherwise be duplicated.
+        after it would otherwise be duplicated. Seeds run one after another, so other seeds'
+        rows are either complete or not yet written.
         """
-        for table_name in SCHEMAS:
+        for table_name in list(self._chunks):
             table = self.arrow_table(table_name)
-            earlier_seed = pc.less(table["seed"], seed)
-            same_seed_not_later = pc.and_(
-                pc.equal(table["seed"], seed), pc.less_equal(table["round"], round)
-            )
-            kept = table.filter(pc.or_(earlier_seed, same_seed_not_later))
+            if not table.num_rows:
+                continue
+            later = pc.and_(pc.equal(table["seed"], seed), pc.greater(table["round"], round))
+            kept = table.filter(pc.invert(later))
             self._chunks[table_name] = [kept] if kept.num_rows else []
+
+    def table(self, table_name: str) -> pd.DataFrame:
+        """Any table's rows as a DataFrame (empty if it has none)."""
+        return self.arrow_table(table_name).to_pandas()
 
     def clients(self) -> pd.DataFrame:
         """Per-client rows as a DataFrame."""

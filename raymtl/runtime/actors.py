@@ -38,8 +38,19 @@ class LPSActor(ObjectStoreHost):
 
 
 @ray.remote(num_cpus=0)
-class GraphActor:
-    """CPU-only graph service: networkx/igraph stay out of training processes."""
+class GraphActor(ObjectStoreHost):
+    """CPU-only graph service: networkx/igraph/leidenalg stay out of training processes.
+
+    It builds topologies before the federation exists, then (`attach`) hosts the
+    algorithm's "graph" participant: similarity graphs, communities, clustering.
+    """
+
+    def __init__(self):  # the federation (and so the HostSpec) does not exist yet
+        pass
+
+    def attach(self, spec) -> bool:
+        ObjectStoreHost.__init__(self, spec)
+        return True
 
     def peer_mixing(self, kind: str, num_nodes: int, seed: int, params: dict) -> dict:
         from raymtl.graph.mixing import mixing_from_topology

@@ -105,6 +105,8 @@ def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: 
     }
     if shape in ("star", "hierarchical"):
         groups["server"] = [SERVER]
+    if get_algorithm(cfg.algorithm.name).uses_graph:
+        groups["graph"] = ["graph"]
     for k in range(federation.num_lps):
         groups[f"lps-{k}"] = [lps_name(k)]
     threads = max(1, int(cfg.runtime.num_cpus_per_actor))
@@ -225,8 +227,10 @@ class Driver:
         router = Router()
         for phase in self._algorithm.phases(round_index, self.cfg.rounds):
             inboxes = router.take(self._participants(phase, setup, sampled, router))
-            envelopes = executor.run_phase(round_index, phase, inboxes, sampled)
+            envelopes, records = executor.run_phase(round_index, phase, inboxes, sampled)
             router.deliver(seed, round_index, envelopes)
+            for table, row in records:
+                self.recorder.add_rows(table, [{"seed": seed, "round": round_index, **row}])
         if router.undelivered():
             raise RuntimeError(f"round {round_index}: messages left undelivered")
         ledger = router.drain_ledger()

@@ -48,15 +48,20 @@ class Executor(ABC):
 
     def run_phase(
         self, round_index: int, phase: Phase, inboxes: dict, sampled: tuple[int, ...]
-    ) -> list[Envelope]:
-        """Run a phase on every host holding one of the inboxes' participants."""
+    ) -> tuple[list[Envelope], list[tuple[str, dict]]]:
+        """Run a phase on every host holding one of the inboxes' participants.
+
+        Returns the envelopes the participants sent and the rows their steps recorded.
+        """
         calls = {}
         for name, participants in self.members.items():
             mine = {p: inboxes[p] for p in participants if p in inboxes}
             if mine:
                 calls[name] = (round_index, phase, mine, sampled)
         results = self._call("run_phase", calls)
-        return [envelope for name in calls for envelope in results.get(name, [])]
+        envelopes = [e for name in calls for e in results.get(name, ([], []))[0]]
+        records = [r for name in calls for r in results.get(name, ([], []))[1]]
+        return envelopes, records
 
     def evaluate(self) -> list[dict]:
         """Per-client test metrics from every client host."""
@@ -123,6 +128,9 @@ class RayExecutor(Executor):
     def _start_host(self, name, role, spec):
         from raymtl.runtime.actors import ACTOR_OF_ROLE
 
+        if role == "graph":  # the graph service also hosts the algorithm's graph steps
+            self._ray.get(self.graph.attach.remote(spec))
+            return self.graph
         if role == "client":
             resources = {
                 "num_cpus": self.runtime.num_cpus_per_actor,
@@ -168,6 +176,6 @@ class RayExecutor(Executor):
         self._call("ping", {name: () for name in self.hosts})
 
     def shutdown(self):
-        for handle in [*self.hosts.values(), self.graph]:
+        for handle in {id(h): h for h in [*self.hosts.values(), self.graph]}.values():
             self._ray.kill(handle)
         super().shutdown()

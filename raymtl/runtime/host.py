@@ -113,16 +113,22 @@ class ParticipantHost:
         phase: Phase,
         inboxes: dict[str, list[Envelope]],
         sampled: tuple[int, ...],
-    ) -> list[Envelope]:
-        """Run `phase.step` for every participant in `inboxes`; return their outboxes."""
+    ) -> tuple[list[Envelope], list[tuple[str, dict]]]:
+        """Run `phase.step` for every participant in `inboxes`.
+
+        Returns their outboxes as envelopes and the metadata rows the steps recorded.
+        """
         step = getattr(self.algorithm, phase.step)
         outgoing: list[Envelope] = []
+        records: list[tuple[str, dict]] = []
         for participant, envelopes in inboxes.items():
             payloads = self.get([e.payload for e in envelopes])
             inbox = [
                 AlgorithmMessage(e.src, e.dst, e.kind, tensors)
                 for e, tensors in zip(envelopes, payloads, strict=True)
             ]
+            # A payload forwarded unchanged, or sent to several peers, is stored once.
+            stored = {id(m.tensors): e.payload for m, e in zip(inbox, envelopes, strict=True)}
             ctx = StepContext(
                 me=participant,
                 round=round_index,
@@ -133,11 +139,14 @@ class ParticipantHost:
             )
             state, outbox = step(self.states[participant], inbox, ctx)
             self.states[participant] = state
-            outgoing += [
-                Envelope(m.src, m.dst, m.kind, payload_bits(m.tensors), self.put(m.tensors))
-                for m in outbox
-            ]
-        return outgoing
+            for message in outbox:
+                if id(message.tensors) not in stored:
+                    stored[id(message.tensors)] = self.put(message.tensors)
+                bits = payload_bits(message.tensors)
+                payload = stored[id(message.tensors)]
+                outgoing.append(Envelope(message.src, message.dst, message.kind, bits, payload))
+            records += ctx.records
+        return outgoing, records
 
     def evaluate(self) -> list[dict]:
         """Loss and accuracy of every hosted client on its own test split."""

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from raymtl.cli import app
 from raymtl.runtime import resume_experiment, run_experiment
+from raymtl.runtime.router import Envelope
 from tests.conftest import digits_experiment
 
 pytestmark = pytest.mark.ray
@@ -62,6 +63,14 @@ def contains_tensor(value) -> bool:
     return False
 
 
+def envelopes_in(value) -> list[Envelope]:
+    if isinstance(value, Envelope):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [e for item in value for e in envelopes_in(item)]
+    return []
+
+
 @pytest.mark.parametrize("algorithm", ["fedavg", "dpsgd"])
 def test_no_model_tensor_reaches_the_driver(ray_session, make_config, monkeypatch, algorithm):
     """Everything the driver ray.get()s is metadata; payloads stay ObjectRefs."""
@@ -78,9 +87,7 @@ def test_no_model_tensor_reaches_the_driver(ray_session, make_config, monkeypatc
     run_experiment(cfg)
     assert seen, "the driver made no ray.get at all"
     assert not any(contains_tensor(value) for value in seen)
-    envelopes = [
-        e for value in seen if isinstance(value, list) for e in value if hasattr(e, "payload")
-    ]
+    envelopes = [e for value in seen for e in envelopes_in(value)]
     assert envelopes and all(isinstance(e.payload, ray_session.ObjectRef) for e in envelopes)
 
 

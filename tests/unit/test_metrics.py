@@ -144,15 +144,28 @@ def test_recorder_empty_tables_keep_columns(tmp_path: Path):
 
 def test_recorder_truncate_after(run_dir: Path):
     recorder = Recorder.load(run_dir)
+    seed1_rounds = len(recorder.rounds().query("seed == 1"))
     recorder.truncate_after(seed=0, round=1)
     rounds = recorder.rounds()
-    assert rounds[["seed", "round"]].values.tolist() == [[0, 0], [0, 1]]
-    assert recorder.clients()["round"].tolist() == [0] * 5
-    assert len(recorder.messages()) == 4
+    # Seed 0 keeps rounds 0-1; the other seed's rows are untouched.
+    assert rounds.query("seed == 0")["round"].tolist() == [0, 1]
+    assert len(rounds.query("seed == 1")) == seed1_rounds
+    assert recorder.clients().query("seed == 0")["round"].tolist() == [0] * 5
     # Appending after truncation and flushing persists only the kept plus the new rows.
     recorder.add_round(round_row(0, 2, 0.9, 3_000_000))
     recorder.flush()
-    assert Recorder.load(run_dir).rounds()["round"].tolist() == [0, 1, 2]
+    assert Recorder.load(run_dir).rounds().query("seed == 0")["round"].tolist() == [0, 1, 2]
+
+
+def test_recorder_algorithm_tables_round_trip(tmp_path: Path):
+    recorder = Recorder(tmp_path)
+    rows = [{"seed": 0, "round": r, "i": 0, "j": 1, "s_ij": 0.5 * r} for r in (1, 2, 3)]
+    recorder.add_rows("graph", rows)
+    recorder.flush()
+    loaded = Recorder.load(tmp_path)
+    assert loaded.table("graph")["s_ij"].tolist() == [0.5, 1.0, 1.5]
+    loaded.truncate_after(seed=0, round=2)
+    assert loaded.table("graph")["round"].tolist() == [1, 2]
 
 
 def test_summarize_two_seeds(run_dir: Path):

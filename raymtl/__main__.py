@@ -1,0 +1,5 @@
+"""`python -m raymtl` is the `raymtl` command."""
+
+from raymtl.cli import main
+
+main()

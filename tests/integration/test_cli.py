@@ -1,0 +1,95 @@
+"""The command line as a user meets it: errors, list, compare, report (InlineExecutor)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import yaml
+from typer.testing import CliRunner
+
+from raymtl.cli import app
+from tests.conftest import digits_experiment
+
+
+def write(tmp_path, filename="experiment.yaml", **overrides):
+    path = tmp_path / filename
+    path.write_text(yaml.safe_dump(digits_experiment(tmp_path, **overrides)))
+    return path
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
+    path = write(tmp_path, **{"data.partition.classes_per_client": 11})
+    result = subprocess.run(
+        [sys.executable, "-m", "raymtl", "run", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "classes_per_client" in lines[0], result.stderr
+
+
+def test_unknown_key_and_override_errors(tmp_path):
+    runner = CliRunner()
+    path = write(tmp_path)
+    result = runner.invoke(app, ["run", str(path), "model.widht=3"])
+    assert result.exit_code == 2 and "model.widht: unknown key" in result.output
+    result = runner.invoke(app, ["run", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert not list(tmp_path.glob("test-*")), "no run directory for a rejected experiment"
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path):
+    path = write(tmp_path, **{"data.name": "cifar10", "data.root": str(tmp_path / "none")})
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2
+    assert "data.root" in result.output and "download" in result.output
+
+
+def test_list_shows_every_registry():
+    result = CliRunner().invoke(app, ["list"])
+    assert result.exit_code == 0
+    for name in (
+        "fedavg",
+        "dpsgd",
+        "hfedavg",
+        "local",
+        "digits",
+        "fashion_mnist",
+        "dirichlet",
+        "task_groups",
+        "cnn_mnist",
+        "resnet18",
+        "erdos_renyi",
+        "watts_strogatz",
+    ):
+        assert name in result.output, name
+
+
+def test_compare_fans_out_and_report_redraws(tmp_path):
+    path = write(tmp_path)
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(
+        app, ["compare", str(path), "algorithm.name=fedavg,local", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    summaries = json.loads((out / "summary.json").read_text())
+    assert [s["algorithm"] for s in summaries] == ["test-fedavg", "test-local"]
+    table = pd.read_csv(out / "table.csv")
+    assert list(table["experiment"]) == ["test-fedavg", "test-local"]
+    assert table.loc[1, "total_bits_mean"] == 0  # Local sends nothing
+    assert list((out / "plots").glob("*.png"))
+    run_dir = out / "test-fedavg"
+    (run_dir / "summary.json").unlink()
+    result = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0 and (run_dir / "summary.json").is_file()
+    assert (run_dir / "plots" / "accuracy_vs_round.png").is_file()
+
+
+def test_compare_refuses_different_data(tmp_path):
+    first = write(tmp_path, "a.yaml")
+    second = write(tmp_path, "b.yaml", **{"data.num_clients": 5, "name": "other"})
+    result = CliRunner().invoke(app, ["compare", str(first), str(second)])
+    assert result.exit_code == 2 and "data: 'other' differs" in result.output
