@@ -1,6 +1,15 @@
-"""Pure federated algorithms (torch only; never Ray). Importing registers them."""
+"""Pure federated algorithms (torch only; never Ray).
 
-from raymtl.algorithms import dpsgd, fedavg, hfedavg  # noqa: F401  (registration)
+Importing the package imports every module in it, which registers the algorithms
+(`@register`): a new algorithm is a new module, with no list to edit.
+"""
+
+import importlib
+import pkgutil
+
 from raymtl.algorithms.registry import all_algorithms, get_algorithm, register
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["all_algorithms", "get_algorithm", "register"]

@@ -97,6 +97,8 @@ class Federation:
     mixing: dict[int, dict[int, float]] | None = None  # peer graph weights, self included
     lps_of_client: tuple[int, ...] | None = None
     num_lps: int = 0
+    tasks: tuple[int, ...] = ()  # true task of each client (oracle baselines, reports)
+    groups: tuple[int, ...] = ()  # rotation/mask group of each client
 
     def neighbours(self, client: int) -> list[int]:
         """Peers of `client` in the communication graph (self excluded)."""

@@ -12,6 +12,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from raymtl.metrics.extras import report_extra_tables
 from raymtl.metrics.plots import evaluated_rounds, plot_run
 from raymtl.metrics.recorder import Recorder
 
@@ -71,6 +72,7 @@ def summarize(run_dir: Path, algorithm: str) -> dict:
         },
         "per_seed": per_seed,
     }
+    report_extra_tables(run_dir, summary)  # algorithm tables add their own figures
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -38,12 +38,18 @@ from raymtl.runtime.executor import Executor
 from raymtl.runtime.host import HostSpec, checkpoint_dir, latest_checkpoint
 from raymtl.runtime.router import Router
 
-TIER = {"client": 0, "lps": 1, "server": 2, "graph": 2}
+TIER = {"client": 0, "lps": 1, "server": 2}
 
 
-def is_downlink(row: dict) -> bool:
-    """Down = towards the clients (server -> LPS -> client); up otherwise (peers: up)."""
-    return TIER[row["src_role"]] > TIER[row["dst_role"]]
+def link_direction(row: dict) -> str | None:
+    """'down' towards the clients (server -> LPS -> client), 'up' otherwise (peers: up).
+
+    Traffic with the graph service (a coordinator-side helper of the server) is
+    recorded in messages.parquet but is neither uplink nor downlink: None.
+    """
+    if "graph" in (row["src_role"], row["dst_role"]):
+        return None
+    return "down" if TIER[row["src_role"]] > TIER[row["dst_role"]] else "up"
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,8 @@ def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: 
             len(s.task_classes) if s.task_classes else pool.num_classes for s in shards
         ),
         input_shape=tuple(pool.x.shape[1:]),
+        tasks=tuple(s.task for s in shards),
+        groups=tuple(s.group for s in shards),
         mixing=executor.peer_mixing(cfg.topology.kind, n, seed, cfg.topology.params)
         if shape == "peer"
         else None,
@@ -235,8 +243,8 @@ class Driver:
             raise RuntimeError(f"round {round_index}: messages left undelivered")
         ledger = router.drain_ledger()
         self.recorder.add_messages(ledger)
-        up = sum(r["bits"] for r in ledger if not is_downlink(r))
-        down = sum(r["bits"] for r in ledger if is_downlink(r))
+        up = sum(r["bits"] for r in ledger if link_direction(r) == "up")
+        down = sum(r["bits"] for r in ledger if link_direction(r) == "down")
         cumulative = [cumulative[0] + up, cumulative[1] + down]
         row = {
             "seed": seed,

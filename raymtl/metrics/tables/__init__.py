@@ -1,0 +1,1 @@
+"""Reporters of algorithm tables: every module here is imported by `metrics.extras`."""
