@@ -220,6 +220,8 @@ class Driver:
                 self._finish_round(row, wall_start)
                 if self._checkpoint_due(round_index):
                     self.checkpoint(executor, seed_dir, round_index)
+                if self.progress is not None:  # the round is complete, checkpoint included
+                    self.progress(seed, round_index, row)
                 if stop_after is not None and round_index >= stop_after:
                     return
             (seed_dir / "DONE").parent.mkdir(parents=True, exist_ok=True)
@@ -298,8 +300,6 @@ class Driver:
         ):
             row.setdefault(key, float("nan"))
         self.recorder.add_round(row)
-        if self.progress is not None:
-            self.progress(row["seed"], row["round"], row)
 
     def _eval_due(self, round_index: int) -> bool:
         return round_index % self.cfg.eval_every == 0 or round_index == self.cfg.rounds

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from abc import ABC, abstractmethod
 
 from raymtl.algorithms.base import Phase, role_of
@@ -113,7 +114,10 @@ class RayExecutor(Executor):
         from raymtl.runtime.actors import GraphActor
 
         self._ray = ray
-        self.graph = GraphActor.remote()
+        # Named actors (raymtl-<run tag>-<host>) show up readably in the dashboard and
+        # `ray list actors`; the tag keeps concurrent runs on one cluster apart.
+        self.tag = uuid.uuid4().hex[:8]
+        self.graph = GraphActor.options(name=f"raymtl-{self.tag}-graph").remote()
 
     def clients_per_actor(self, num_clients: int) -> int:
         limit = self.runtime.clients_per_actor
@@ -140,8 +144,14 @@ class RayExecutor(Executor):
         else:  # coordinators are light: they must not take a CPU slot from the clients
             resources = {"num_cpus": 0}
         actor_cls = ACTOR_OF_ROLE[role]
+        # A call that meets a restarting actor is retried on the restarted one, which has
+        # reloaded its participants from the last checkpoint.
+        restarts = self.runtime.max_restarts
         return actor_cls.options(
-            name=None, max_restarts=self.runtime.max_restarts, **resources
+            name=f"raymtl-{self.tag}-{name}",
+            max_restarts=restarts,
+            max_task_retries=restarts,
+            **resources,
         ).remote(spec)
 
     def _call(self, method, calls):

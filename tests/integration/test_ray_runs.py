@@ -120,3 +120,24 @@ def test_inline_and_ray_executors_agree_exactly(ray_session, make_config, tmp_pa
     )
     columns = ["round", "client", "loss", "accuracy", "samples", "bits_up", "bits_down"]
     pd.testing.assert_frame_equal(final_clients(inline)[columns], final_clients(remote)[columns])
+
+
+def test_a_killed_client_actor_restarts_from_its_checkpoint(ray_session, make_config, tmp_path):
+    """Ray restarts the actor (max_restarts); it reloads its clients from the last checkpoint."""
+    settings = {"runtime.executor": "ray", "rounds": 3, "checkpoint_every": 1}
+    whole = run_experiment(make_config(**settings), tmp_path / "whole")
+    killed = []
+
+    def kill_after_round_one(seed, round_index, row):
+        if round_index != 1:
+            return
+        names = [a["name"] for a in ray_session.util.list_named_actors(all_namespaces=True)]
+        (victim,) = [n for n in names if n.startswith("raymtl-") and n.endswith("-clients-0")]
+        ray_session.kill(ray_session.get_actor(victim), no_restart=False)
+        killed.append(victim)
+
+    cfg = make_config(**settings, **{"runtime.max_restarts": 1})
+    recovered = run_experiment(cfg, tmp_path / "recovered", progress=kill_after_round_one)
+    assert killed
+    columns = ["round", "client", "loss", "accuracy"]
+    pd.testing.assert_frame_equal(final_clients(whole)[columns], final_clients(recovered)[columns])
