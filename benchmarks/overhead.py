@@ -36,8 +36,9 @@ from raymtl.config import parse_config
 from raymtl.data import materialize
 from raymtl.models import build_model
 from raymtl.runtime.api import start_ray
-from raymtl.runtime.driver import Driver, partition
+from raymtl.runtime.driver import Driver
 from raymtl.runtime.executor import RayExecutor
+from raymtl.runtime.setup import partition
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 

@@ -106,6 +106,7 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> ExperimentConfig:
+        check_names(self)
         check_algorithm(self)
         check_topology(self)
         return self
@@ -114,6 +115,19 @@ class ExperimentConfig(Section):
         """star | peer | hierarchical | none: the shape the topology gives the federation."""
         kind = self.topology.kind
         return kind if kind in PEER_FREE_KINDS else "peer"
+
+
+def check_names(cfg: ExperimentConfig) -> None:
+    """The dataset and the model exist (their parameters are checked when built)."""
+    from raymtl.data import SOURCES
+    from raymtl.models import MODELS
+
+    for field, name, registry in (
+        ("data.name", cfg.data.name, SOURCES),
+        ("model.name", cfg.model.name, MODELS),
+    ):
+        if name not in registry:
+            raise ValueError(f"{field}: '{name}' is not one of {', '.join(sorted(registry))}")
 
 
 def check_algorithm(cfg: ExperimentConfig) -> None:

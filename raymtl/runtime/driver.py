@@ -18,25 +18,22 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from raymtl.algorithms.base import (
-    SERVER,
-    Federation,
     client_name,
-    lps_name,
     role_of,
 )
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import derive_seed
-from raymtl.config import ConfigError, ExperimentConfig
+from raymtl.config import ExperimentConfig
 from raymtl.metrics import Recorder, fairness_stats
 from raymtl.runtime.executor import Executor
-from raymtl.runtime.host import HostSpec, checkpoint_dir, latest_checkpoint
+from raymtl.runtime.host import checkpoint_dir, latest_checkpoint
 from raymtl.runtime.router import Router
+from raymtl.runtime.setup import build_setup
 
 TIER = {"client": 0, "lps": 1, "server": 2}
 
@@ -52,115 +49,11 @@ def link_direction(row: dict) -> str | None:
     return "down" if TIER[row["src_role"]] > TIER[row["dst_role"]] else "up"
 
 
-@dataclass(frozen=True)
-class Setup:
-    """A seed's federation: metadata, client shards and the hosts' specs."""
-
-    federation: Federation
-    shards: dict
-    specs: dict[str, HostSpec]
-
-
 def sample_clients(seed: int, round_index: int, num_clients: int, fraction: float) -> tuple:
     """⌈m·N⌉ clients uniformly without replacement, seeded by (seed, round)."""
     count = max(1, math.ceil(fraction * num_clients))
     rng = np.random.default_rng(derive_seed(seed, round_index, "sample"))
     return tuple(sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False)))
-
-
-def partition(cfg: ExperimentConfig, seed: int):
-    """The clients' shards (indices into the source) and the source's shape."""
-    from raymtl.data import load_pool, partition_clients
-
-    data = cfg.data
-    try:
-        pool = load_pool(data.name, data.root, data.download, seed, **data.params)
-        shards = partition_clients(
-            pool.y.numpy(),
-            pool.num_classes,
-            num_clients=data.num_clients,
-            seed=seed,
-            **data.partition.model_dump(),
-        )
-    except ValueError as error:  # bad partition for this dataset: a config error
-        raise ConfigError(str(error).splitlines()[0]) from None
-    return pool, shards
-
-
-def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: Path) -> Setup:
-    """Partition the data, build the topology and lay participants out on hosts."""
-    pool, shards = partition(cfg, seed)
-    n = cfg.data.num_clients
-    shape = cfg.shape()
-    federation = Federation(
-        num_clients=n,
-        samples=tuple(len(s.train_idx) for s in shards),
-        num_classes=tuple(
-            len(s.task_classes) if s.task_classes else pool.num_classes for s in shards
-        ),
-        input_shape=tuple(pool.x.shape[1:]),
-        tasks=tuple(s.task for s in shards),
-        groups=tuple(s.group for s in shards),
-        mixing=executor.peer_mixing(cfg.topology.kind, n, seed, cfg.topology.params)
-        if shape == "peer"
-        else None,
-        **lps_layout(cfg, seed),
-    )
-    by_name = {client_name(s.client_id): s for s in shards}
-    groups = {
-        f"clients-{k}": [client_name(i) for i in block]
-        for k, block in enumerate(group_blocks(n, executor.clients_per_actor(n)))
-    }
-    if shape in ("star", "hierarchical"):
-        groups["server"] = [SERVER]
-    if get_algorithm(cfg.algorithm.name).uses_graph:
-        groups["graph"] = ["graph"]
-    for k in range(federation.num_lps):
-        groups[f"lps-{k}"] = [lps_name(k)]
-    threads = max(1, int(cfg.runtime.num_cpus_per_actor))
-    specs = {
-        name: HostSpec(
-            config=cfg.model_dump(mode="json"),
-            federation=federation,
-            participants=tuple(members),
-            shards={p: by_name[p] for p in members if p in by_name},
-            seed=seed,
-            torch_threads=threads,
-            device=client_device(cfg) if members[0].startswith("client") else "cpu",
-            checkpoint_root=str(seed_dir),
-        )
-        for name, members in groups.items()
-    }
-    return Setup(federation, by_name, specs)
-
-
-def client_device(cfg: ExperimentConfig) -> str:
-    """Client hosts train on a GPU when the actors ask for one and it is there."""
-    import torch
-
-    wants_gpu = cfg.runtime.device == "cuda" or (
-        cfg.runtime.device == "auto" and cfg.runtime.num_gpus_per_actor > 0
-    )
-    if cfg.runtime.device == "cuda" and cfg.runtime.num_gpus_per_actor == 0:
-        raise ConfigError("runtime.device: 'cuda' needs runtime.num_gpus_per_actor > 0")
-    # Under Ray the GPU is the actor's (Ray sets CUDA_VISIBLE_DEVICES), not the driver's.
-    gpu_there = cfg.runtime.executor == "ray" or torch.cuda.is_available()
-    return "cuda" if wants_gpu and gpu_there else "cpu"
-
-
-def group_blocks(num_clients: int, per_host: int) -> list[list[int]]:
-    """Clients pinned to hosts in contiguous blocks."""
-    return [list(range(s, min(s + per_host, num_clients))) for s in range(0, num_clients, per_host)]
-
-
-def lps_layout(cfg: ExperimentConfig, seed: int) -> dict:
-    """Hierarchical FL: users assigned to LPSs at random (seeded)."""
-    if cfg.shape() != "hierarchical":
-        return {}
-    from raymtl.graph.assignment import random_assignment
-
-    lps_of_client = random_assignment(cfg.data.num_clients, cfg.topology.num_lps, seed)
-    return {"lps_of_client": lps_of_client, "num_lps": cfg.topology.num_lps}
 
 
 def round_bits(ledger: list[dict], num_clients: int) -> tuple[list[int], list[int]]:

@@ -35,6 +35,8 @@ def test_defaults_resolve_the_topology_from_the_algorithm(make_config):
         ({"topology.kind": "ring"}, "topology.kind: fedavg runs on star"),
         ({"data.partition.kind": "shards"}, "data.partition.kind:"),
         ({"runtime.executor": "dask"}, "runtime.executor:"),
+        ({"data.name": "imagenet"}, "data.name: 'imagenet' is not one of"),
+        ({"model.name": "vgg"}, "model.name: 'vgg' is not one of"),
     ],
 )
 def test_one_line_errors_name_the_field(tmp_path, overrides, field):

@@ -1,0 +1,129 @@
+"""Setting a seed's federation up: partition, topology, and which host holds whom.
+
+Only metadata and sample indices are produced here; each client's data is built
+from (source, indices) inside the actor that hosts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from raymtl.algorithms.base import SERVER, Federation, client_name, lps_name
+from raymtl.algorithms.registry import get_algorithm
+from raymtl.config import ConfigError, ExperimentConfig
+from raymtl.runtime.executor import Executor
+from raymtl.runtime.host import HostSpec
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A seed's federation: metadata, client shards and the hosts' specs."""
+
+    federation: Federation
+    shards: dict
+    specs: dict[str, HostSpec]
+
+
+def partition(cfg: ExperimentConfig, seed: int):
+    """The clients' shards (indices into the source) and the source's shape."""
+    from raymtl.data import load_pool, partition_clients
+
+    data = cfg.data
+    try:
+        pool = load_pool(data.name, data.root, data.download, seed, **data.params)
+        shards = partition_clients(
+            pool.y.numpy(),
+            pool.num_classes,
+            num_clients=data.num_clients,
+            seed=seed,
+            **data.partition.model_dump(),
+        )
+    except ValueError as error:  # bad partition for this dataset: a config error
+        raise ConfigError(str(error).splitlines()[0]) from None
+    return pool, shards
+
+
+def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: Path) -> Setup:
+    """Partition the data, build the topology and lay participants out on hosts."""
+    pool, shards = partition(cfg, seed)
+    federation = build_federation(cfg, seed, executor, pool, shards)
+    by_name = {client_name(s.client_id): s for s in shards}
+    specs = {
+        name: HostSpec(
+            config=cfg.model_dump(mode="json"),
+            federation=federation,
+            participants=tuple(members),
+            shards={p: by_name[p] for p in members if p in by_name},
+            seed=seed,
+            torch_threads=max(1, int(cfg.runtime.num_cpus_per_actor)),
+            device=client_device(cfg) if members[0].startswith("client") else "cpu",
+            checkpoint_root=str(seed_dir),
+        )
+        for name, members in host_layout(cfg, federation, executor).items()
+    }
+    return Setup(federation, by_name, specs)
+
+
+def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool, shards):
+    """The federation's metadata: sizes, classes, tasks, peer graph (graph service), LPSs."""
+    n = cfg.data.num_clients
+    return Federation(
+        num_clients=n,
+        samples=tuple(len(s.train_idx) for s in shards),
+        num_classes=tuple(
+            len(s.task_classes) if s.task_classes else pool.num_classes for s in shards
+        ),
+        input_shape=tuple(pool.x.shape[1:]),
+        tasks=tuple(s.task for s in shards),
+        groups=tuple(s.group for s in shards),
+        mixing=executor.peer_mixing(cfg.topology.kind, n, seed, cfg.topology.params)
+        if cfg.shape() == "peer"
+        else None,
+        **lps_layout(cfg, seed),
+    )
+
+
+def host_layout(cfg: ExperimentConfig, federation: Federation, executor: Executor) -> dict:
+    """Host name -> the participants it keeps resident (clients pinned in blocks)."""
+    n = federation.num_clients
+    layout = {
+        f"clients-{k}": [client_name(i) for i in block]
+        for k, block in enumerate(group_blocks(n, executor.clients_per_actor(n)))
+    }
+    if cfg.shape() in ("star", "hierarchical"):
+        layout["server"] = [SERVER]
+    if get_algorithm(cfg.algorithm.name).uses_graph:
+        layout["graph"] = ["graph"]
+    for k in range(federation.num_lps):
+        layout[f"lps-{k}"] = [lps_name(k)]
+    return layout
+
+
+def client_device(cfg: ExperimentConfig) -> str:
+    """Client hosts train on a GPU when the actors ask for one and it is there."""
+    import torch
+
+    wants_gpu = cfg.runtime.device == "cuda" or (
+        cfg.runtime.device == "auto" and cfg.runtime.num_gpus_per_actor > 0
+    )
+    if cfg.runtime.device == "cuda" and cfg.runtime.num_gpus_per_actor == 0:
+        raise ConfigError("runtime.device: 'cuda' needs runtime.num_gpus_per_actor > 0")
+    # Under Ray the GPU is the actor's (Ray sets CUDA_VISIBLE_DEVICES), not the driver's.
+    gpu_there = cfg.runtime.executor == "ray" or torch.cuda.is_available()
+    return "cuda" if wants_gpu and gpu_there else "cpu"
+
+
+def group_blocks(num_clients: int, per_host: int) -> list[list[int]]:
+    """Clients pinned to hosts in contiguous blocks."""
+    return [list(range(s, min(s + per_host, num_clients))) for s in range(0, num_clients, per_host)]
+
+
+def lps_layout(cfg: ExperimentConfig, seed: int) -> dict:
+    """Hierarchical FL: users assigned to LPSs at random (seeded)."""
+    if cfg.shape() != "hierarchical":
+        return {}
+    from raymtl.graph.assignment import random_assignment
+
+    lps_of_client = random_assignment(cfg.data.num_clients, cfg.topology.num_lps, seed)
+    return {"lps_of_client": lps_of_client, "num_lps": cfg.topology.num_lps}
