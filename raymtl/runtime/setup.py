@@ -48,6 +48,7 @@ def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: 
     """Partition the data, build the topology and lay participants out on hosts."""
     pool, shards = partition(cfg, seed)
     federation = build_federation(cfg, seed, executor, pool, shards)
+    check_model(cfg, federation)
     by_name = {client_name(s.client_id): s for s in shards}
     specs = {
         name: HostSpec(
@@ -82,6 +83,18 @@ def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool,
         else None,
         **lps_layout(cfg, seed),
     )
+
+
+def check_model(cfg: ExperimentConfig, federation: Federation) -> None:
+    """Build the model once here, so a bad `model.params` fails before any actor starts."""
+    from raymtl.models import build_model
+
+    try:
+        build_model(
+            cfg.model.name, federation.input_shape, max(federation.num_classes), **cfg.model.params
+        )
+    except ValueError as error:
+        raise ConfigError(str(error).splitlines()[0]) from None
 
 
 def host_layout(cfg: ExperimentConfig, federation: Federation, executor: Executor) -> dict:

@@ -93,3 +93,9 @@ def test_compare_refuses_different_data(tmp_path):
     second = write(tmp_path, "b.yaml", **{"data.num_clients": 5, "name": "other"})
     result = CliRunner().invoke(app, ["compare", str(first), str(second)])
     assert result.exit_code == 2 and "data: 'other' differs" in result.output
+
+
+def test_bad_model_parameter_fails_before_any_actor(tmp_path):
+    path = write(tmp_path, **{"model.params": {"hidden": 3}})
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2 and "model.hidden" in result.output
