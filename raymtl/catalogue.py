@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 from pydantic import BaseModel
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -27,12 +28,31 @@ def signature_params(function) -> str:
     )
 
 
+COMMON_PARTITION = (
+    "quantity=equal|lognormal|powerlaw, quantity_sigma, quantity_exponent, rotations, "
+    "mask_probs, test_fraction=0.2, max_samples_per_client"
+)
+
+
+def partition_params(function) -> str:
+    """The keyword-only fields a partition kind reads, with PartitionConfig's defaults."""
+    from raymtl.config import PartitionConfig
+
+    fields = PartitionConfig.model_fields
+    names = [
+        p.name
+        for p in inspect.signature(function).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name in fields
+    ]
+    return ", ".join(f"{name}={fields[name].default}" for name in names)
+
+
 def table(title: str, rows: list[tuple[str, str, str]]) -> Table:
     result = Table(title=title, title_justify="left", show_lines=False)
     for column in ("name", "what", "parameters"):
         result.add_column(column, overflow="fold")
     for row in rows:
-        result.add_row(*row)
+        result.add_row(*(escape(cell) for cell in row))  # "[i, j]" is text, not markup
     return result
 
 
@@ -49,7 +69,10 @@ def catalogue_tables() -> list[Table]:
     ]
     sources = [(name, first_line(fn.__doc__), signature_params(fn)) for name, fn in SOURCES.items()]
     partitions = [
-        (name, first_line(getattr(fn, "__doc__", str(fn))), "") for name, fn in PARTITIONS.items()
+        (name, first_line(getattr(fn, "__doc__", str(fn))), partition_params(fn))
+        for name, fn in PARTITIONS.items()
+    ] + [
+        ("(every kind)", "quantity skew, rotation/mask groups, per-client split", COMMON_PARTITION)
     ]
     models = [
         (name, cls.description, ", ".join(f"{k}={v}" for k, v in cls.params.items()))

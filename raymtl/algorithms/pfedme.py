@@ -1,0 +1,141 @@
+"""pFedMe — personalised FL with Moreau envelopes (baseline).
+
+Dinh, Tran and Nguyen, "Personalized Federated Learning with Moreau Envelopes",
+NeurIPS 2020 (ALGORITHMS.md §3).
+
+Round t, sampled client k starts from the global w (w_k ← w, θ̃ ← w); for every batch D:
+    K times:  θ̃ ← θ̃ − η_p·(∇f(θ̃; D) + λ·(θ̃ − w_k))
+    then:     w_k ← w_k − η·λ·(w_k − θ̃)
+Server:       w ← (1−β)·w_prev + β·Σ_{k∈S_t} (n_k / Σ_{j∈S_t} n_j)·w_k, broadcast to all.
+Personalised accuracy is measured with the personal model θ̃ of the client's last training
+(before its first training: the model it holds).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from raymtl.algorithms.base import (
+    SERVER,
+    Algorithm,
+    LocalTrainingParams,
+    Message,
+    Phase,
+    State,
+    client_name,
+    index_of,
+)
+from raymtl.algorithms.fedavg import by_sender
+from raymtl.algorithms.registry import register
+from raymtl.algorithms.training import (
+    derive_seed,
+    load_tensors,
+    model_tensors,
+    weighted_average,
+)
+
+
+class PFedMeParams(LocalTrainingParams):
+    lr: float = Field(0.01, gt=0, description="local-copy learning rate η")
+    personal_lr: float = Field(0.01, gt=0, description="personal-model learning rate η_p")
+    lam: float = Field(15.0, gt=0, description="Moreau-envelope regularisation λ")
+    beta: float = Field(1.0, gt=0, le=2, description="server mixing β (1 = plain averaging)")
+    inner_steps: int = Field(5, ge=1, description="K personal steps per batch")
+
+
+@torch.no_grad()
+def moreau_step(personal: nn.Module, local: nn.Module, lr_p: float, lam: float) -> None:
+    """θ̃ ← θ̃ − η_p·(∇f(θ̃) + λ·(θ̃ − w)), gradients already in θ̃.grad."""
+    for theta, w in zip(personal.parameters(), local.parameters(), strict=True):
+        grad = theta.grad if theta.grad is not None else torch.zeros_like(theta)
+        theta.sub_(lr_p * (grad + lam * (theta - w)))
+
+
+@torch.no_grad()
+def local_copy_step(local: nn.Module, personal: nn.Module, lr: float, lam: float) -> None:
+    """w ← w − η·λ·(w − θ̃)."""
+    for w, theta in zip(local.parameters(), personal.parameters(), strict=True):
+        w.sub_(lr * lam * (w - theta))
+
+
+def pfedme_batch(local, personal, x, y, params: PFedMeParams) -> float:
+    """K personal steps on one batch, then the local-copy step; returns the last loss."""
+    loss = torch.zeros(())
+    for _ in range(params.inner_steps):
+        personal.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(personal(x), y)
+        loss.backward()
+        if params.clip_grad is not None:
+            nn.utils.clip_grad_norm_(personal.parameters(), params.clip_grad)
+        moreau_step(personal, local, params.personal_lr, params.lam)
+    local_copy_step(local, personal, params.lr, params.lam)
+    return float(loss.detach())
+
+
+def pfedme_train(local: nn.Module, data, params: PFedMeParams, seed: int) -> nn.Module:
+    """One round of pFedMe on the client; returns the personal model θ̃ (w updated in place)."""
+    torch.manual_seed(seed)  # dropout draws
+    order_rng = torch.Generator().manual_seed(seed)
+    personal = copy.deepcopy(local)
+    personal.train()
+    local.train()
+    for _ in range(params.epochs):
+        order = torch.randperm(len(data.train_y), generator=order_rng)
+        for batch in order.split(params.batch_size):
+            batch = batch.to(data.train_y.device)
+            pfedme_batch(local, personal, data.train_x[batch], data.train_y[batch], params)
+    personal.zero_grad(set_to_none=True)
+    return personal
+
+
+@register
+class PFedMe(Algorithm):
+    name = "pfedme"
+    summary = "pFedMe: Moreau-envelope personal models, FedAvg of the local copies"
+    Params = PFedMeParams
+    shapes = ("star",)
+
+    def phases(self, round_index, rounds):
+        return [
+            Phase("client", "train", "sampled"),
+            Phase("server", "aggregate", "inbox"),
+            Phase("client", "receive", "inbox"),
+        ]
+
+    def init_state(self, participant, data, federation):
+        if participant == SERVER:
+            return State(model=self.model_factory(federation.num_classes[0]))
+        return super().init_state(participant, data, federation)
+
+    def eval_model(self, state):
+        return state.extras.get("personal", state.model)
+
+    def train(self, state, inbox, ctx):
+        seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
+        state.extras["personal"] = pfedme_train(state.model, state.data, self.params, seed)
+        return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
+
+    def aggregate(self, state, inbox, ctx):
+        samples = ctx.federation.samples
+        average = weighted_average([(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)])
+        if average is not None:
+            beta = self.params.beta
+            previous = model_tensors(state.model)
+            load_tensors(
+                state.model, {k: (1 - beta) * previous[k] + beta * v for k, v in average.items()}
+            )
+        global_model = model_tensors(state.model)
+        return state, [
+            Message(SERVER, client_name(i), "global_model", global_model)
+            for i in range(ctx.federation.num_clients)
+        ]
+
+    def receive(self, state, inbox, ctx):
+        for message in inbox:
+            load_tensors(state.model, message.tensors)
+        return state, []
