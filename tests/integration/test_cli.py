@@ -99,3 +99,18 @@ def test_bad_model_parameter_fails_before_any_actor(tmp_path):
     path = write(tmp_path, **{"model.params": {"hidden": 3}})
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 2 and "model.hidden" in result.output
+
+
+def test_resume_from_the_command_line(make_config, tmp_path):
+    from raymtl.runtime import run_experiment
+
+    cfg = make_config(**{"rounds": 3, "checkpoint_every": 1})
+    run_dir = run_experiment(cfg, tmp_path / "run", stop_after=2)
+    assert not (run_dir / "summary.json").exists()
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+    assert list(rounds["round"]) == [1, 2, 3]
+    assert (run_dir / "summary.json").is_file()
+    result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "nothing")])
+    assert result.exit_code == 2 and "config.yaml" in result.output
