@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/raymtl compare jobs/demo_digits.yaml "algorithm.name=fedavg,local" --out runs/demo
+	$(VENV)/bin/raymtl compare jobs/demo_digits.yaml "algorithm.name=sfmtl_graph,fedu,fedavg" --out runs/demo
 
 test: install
 	$(PY) -m pytest -q

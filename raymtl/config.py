@@ -29,7 +29,9 @@ class Section(BaseModel):
 
 
 class PartitionConfig(Section):
-    kind: Literal["iid", "classes_per_client", "dirichlet", "task_groups"] = "classes_per_client"
+    kind: Literal[
+        "iid", "classes_per_client", "dirichlet", "task_groups", "fmnist_tasks", "cifar10_tasks"
+    ] = "classes_per_client"
     classes_per_client: int = Field(2, ge=1)
     alpha: float = Field(0.5, gt=0)
     task_classes: list[list[int]] | None = None
@@ -40,6 +42,8 @@ class PartitionConfig(Section):
     mask_probs: list[float] | None = None
     test_fraction: float = Field(0.2, gt=0, lt=1)
     max_samples_per_client: int | None = Field(None, ge=3)
+    task_users: list[int] | None = Field(None, description="*_tasks: users per task (5/3/2)")
+    minority_fraction: float = Field(0.1, ge=0, lt=1, description="*_tasks: other tasks' share")
 
 
 class DataConfig(Section):

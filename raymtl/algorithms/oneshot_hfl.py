@@ -36,7 +36,6 @@ from raymtl.algorithms.base import (
     LocalTrainingParams,
     Message,
     Phase,
-    State,
     client_name,
     index_of,
     lps_name,
@@ -164,7 +163,8 @@ class OneShotHFL(Algorithm):
         similarity = hac.symmetric_relevance(r)
         for i in range(n):
             for j in range(n):
-                ctx.record("oneshot_relevance", i=i, j=j, r=float(r[i, j]), R=float(similarity[i, j]))
+                r_ij, big_r = float(r[i, j]), float(similarity[i, j])
+                ctx.record("oneshot_relevance", i=i, j=j, r=r_ij, R=big_r)
         tensors = {"R": torch.from_numpy(similarity).float()}
         return state, [Message(SERVER, GRAPH, "similarity", tensors)]
 
@@ -196,7 +196,8 @@ class OneShotHFL(Algorithm):
                        method=self.params.clustering)  # fmt: skip
         outbox = []
         for k in range(fed.num_lps):
-            members = torch.tensor([i for i, c in enumerate(assignment) if c == k], dtype=torch.int32)
+            users = [i for i, c in enumerate(assignment) if c == k]
+            members = torch.tensor(users, dtype=torch.int32)
             outbox.append(Message(SERVER, lps_name(k), "membership", {"members": members}))
         for i, k in enumerate(assignment):
             lps = {"lps": torch.tensor([k], dtype=torch.int32)}
@@ -224,7 +225,8 @@ class OneShotHFL(Algorithm):
         for message in inbox:
             if message.kind == "membership":
                 state.extras["members"] = message.tensors["members"].tolist()
-        state.extras["model"] = shape_average([(m.tensors, samples[index_of(m.src)]) for m in models])
+        updates = [(m.tensors, samples[index_of(m.src)]) for m in models]
+        state.extras["model"] = shape_average(updates)
         state.extras["shapes"] = {index_of(m.src): signature(m.tensors) for m in models}
         if ctx.round % self.params.global_every != 0 or not models:
             return state, []
@@ -274,4 +276,3 @@ class OneShotHFL(Algorithm):
         for message in inbox:
             load_tensors(state.model, message.tensors)
         return state, []
-

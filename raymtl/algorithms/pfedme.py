@@ -17,7 +17,7 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from raymtl.algorithms.base import (
@@ -46,6 +46,12 @@ class PFedMeParams(LocalTrainingParams):
     lam: float = Field(15.0, gt=0, description="Moreau-envelope regularisation λ")
     beta: float = Field(1.0, gt=0, le=2, description="server mixing β (1 = plain averaging)")
     inner_steps: int = Field(5, ge=1, description="K personal steps per batch")
+
+    @model_validator(mode="after")
+    def _plain_steps_only(self):
+        if self.momentum or self.weight_decay:
+            raise ValueError("momentum and weight_decay are not part of pFedMe's update: use 0")
+        return self
 
 
 @torch.no_grad()
@@ -122,7 +128,9 @@ class PFedMe(Algorithm):
 
     def aggregate(self, state, inbox, ctx):
         samples = ctx.federation.samples
-        average = weighted_average([(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)])
+        average = weighted_average(
+            [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
+        )
         if average is not None:
             beta = self.params.beta
             previous = model_tensors(state.model)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from raymtl.data.task_splits import TASK_SPLITS
+
 MIN_TRAIN, MIN_TEST = 2, 1
 QUANTITIES = ("equal", "lognormal", "powerlaw")
 # Dirichlet clients are topped up to this many samples (the usual NIID-Bench floor) when the
@@ -74,6 +76,7 @@ PARTITIONS: dict[str, Callable[..., np.ndarray]] = {
     "classes_per_client": _classes_per_client,
     "dirichlet": _dirichlet,
     "task_groups": _task_groups,
+    **TASK_SPLITS,  # majority-task splits (task_splits.py) build their own shards
 }
 # Kinds whose clients must hold at least one sample of every class assigned to them.
 _STRICT_KINDS = ("classes_per_client", "task_groups")
@@ -269,8 +272,11 @@ def partition_clients(
     mask_probs: list[float] | None = None,
     test_fraction: float = 0.2,
     max_samples_per_client: int | None = None,
+    **task_split,  # task_users, minority_fraction: the TASK_SPLITS kinds only
 ) -> list[ClientShard]:
     """Split a pool's labels into per-client train/test shards; deterministic in `seed`."""
+    if kind in TASK_SPLITS:
+        return TASK_SPLITS[kind](**locals())
     labels = np.asarray(labels, dtype=np.int64)
     _validate_label_skew(labels, num_classes, num_clients, kind, classes_per_client, alpha)
     _validate_tasks(task_classes, kind, num_classes, num_clients, classes_per_client)

@@ -46,6 +46,7 @@ def test_missing_dataset_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 2
     assert "data.root" in result.output and "download" in result.output
+    assert not list(tmp_path.glob("test-*")), "checked before a run directory is made"
 
 
 def test_list_shows_every_registry():
