@@ -74,13 +74,17 @@ class FedAvg(Algorithm):
         updates = [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
         average = weighted_average(updates)
         if average is not None:
-            load_tensors(state.model, average)
+            self.merge(state.model, average)
         global_model = model_tensors(state.model)
         outbox = [
             Message(SERVER, client_name(i), "global_model", global_model)
             for i in range(ctx.federation.num_clients)
         ]
         return state, outbox
+
+    def merge(self, model, average) -> None:
+        """How the server's model takes the clients' average (FedAvg: replaced by it)."""
+        load_tensors(model, average)
 
     def receive(self, state, inbox, ctx):
         for message in inbox:

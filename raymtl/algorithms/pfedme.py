@@ -20,23 +20,13 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from raymtl.algorithms.base import (
-    SERVER,
-    Algorithm,
-    LocalTrainingParams,
-    Message,
-    Phase,
-    State,
-    client_name,
-    index_of,
-)
-from raymtl.algorithms.fedavg import by_sender
+from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message
+from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
     load_tensors,
     model_tensors,
-    weighted_average,
 )
 
 
@@ -100,23 +90,13 @@ def pfedme_train(local: nn.Module, data, params: PFedMeParams, seed: int) -> nn.
 
 
 @register
-class PFedMe(Algorithm):
+class PFedMe(FedAvg):
+    """FedAvg's round (train → aggregate → receive) with pFedMe's client and server steps."""
+
     name = "pfedme"
     summary = "pFedMe: Moreau-envelope personal models, FedAvg of the local copies"
     Params = PFedMeParams
     shapes = ("star",)
-
-    def phases(self, round_index, rounds):
-        return [
-            Phase("client", "train", "sampled"),
-            Phase("server", "aggregate", "inbox"),
-            Phase("client", "receive", "inbox"),
-        ]
-
-    def init_state(self, participant, data, federation):
-        if participant == SERVER:
-            return State(model=self.model_factory(federation.num_classes[0]))
-        return super().init_state(participant, data, federation)
 
     def eval_model(self, state):
         return state.extras.get("personal", state.model)
@@ -126,24 +106,7 @@ class PFedMe(Algorithm):
         state.extras["personal"] = pfedme_train(state.model, state.data, self.params, seed)
         return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
 
-    def aggregate(self, state, inbox, ctx):
-        samples = ctx.federation.samples
-        average = weighted_average(
-            [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
-        )
-        if average is not None:
-            beta = self.params.beta
-            previous = model_tensors(state.model)
-            load_tensors(
-                state.model, {k: (1 - beta) * previous[k] + beta * v for k, v in average.items()}
-            )
-        global_model = model_tensors(state.model)
-        return state, [
-            Message(SERVER, client_name(i), "global_model", global_model)
-            for i in range(ctx.federation.num_clients)
-        ]
-
-    def receive(self, state, inbox, ctx):
-        for message in inbox:
-            load_tensors(state.model, message.tensors)
-        return state, []
+    def merge(self, model, average) -> None:
+        """w ← (1−β)·w_prev + β·Σ_k (n_k/n)·w_k."""
+        beta, previous = self.params.beta, model_tensors(model)
+        load_tensors(model, {k: (1 - beta) * previous[k] + beta * v for k, v in average.items()})

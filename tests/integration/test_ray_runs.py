@@ -109,9 +109,19 @@ def test_resume_reproduces_the_uninterrupted_run(ray_session, make_config, tmp_p
     assert len(rounds) == 8 and (resumed / "summary.json").is_file()
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "dpsgd"])
+# The papers' algorithms too: SFMTL-Graph's graph step and one-shot HFL's clustering run in
+# the GraphActor on Ray and in-process inline; results must not depend on where.
+PARITY = {
+    "fedavg": {},
+    "dpsgd": {},
+    "sfmtl_graph": {"algorithm.params": {"epochs": 1}},
+    "oneshot_hfl": {"topology.kind": "hierarchical", "topology.num_lps": 2},
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(PARITY))
 def test_inline_and_ray_executors_agree_exactly(ray_session, make_config, tmp_path, algorithm):
-    settings = {"algorithm.name": algorithm, "rounds": 3}
+    settings = {"algorithm.name": algorithm, "rounds": 3, **PARITY[algorithm]}
     inline = run_experiment(
         make_config(**settings, **{"runtime.executor": "inline"}), tmp_path / "inline"
     )
