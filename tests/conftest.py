@@ -60,6 +60,15 @@ def digits_experiment(tmp_path, **overrides) -> dict:
     return raw
 
 
+def write_experiment(tmp_path, filename="experiment.yaml", **overrides):
+    """digits_experiment(...) written as a YAML file for the CLI; returns its path."""
+    import yaml
+
+    path = tmp_path / filename
+    path.write_text(yaml.safe_dump(digits_experiment(tmp_path, **overrides)))
+    return path
+
+
 @pytest.fixture
 def make_config(tmp_path):
     """Build a validated ExperimentConfig from dotted overrides."""

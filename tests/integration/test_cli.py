@@ -7,17 +7,10 @@ import subprocess
 import sys
 
 import pandas as pd
-import yaml
 from typer.testing import CliRunner
 
 from raymtl.cli import app
-from tests.conftest import digits_experiment
-
-
-def write(tmp_path, filename="experiment.yaml", **overrides):
-    path = tmp_path / filename
-    path.write_text(yaml.safe_dump(digits_experiment(tmp_path, **overrides)))
-    return path
+from tests.conftest import write_experiment as write
 
 
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path):

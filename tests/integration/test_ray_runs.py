@@ -7,13 +7,12 @@ import dataclasses
 import pandas as pd
 import pytest
 import torch
-import yaml
 from typer.testing import CliRunner
 
 from raymtl.cli import app
 from raymtl.runtime import resume_experiment, run_experiment
 from raymtl.runtime.router import Envelope
-from tests.conftest import digits_experiment
+from tests.conftest import write_experiment
 
 pytestmark = pytest.mark.ray
 
@@ -25,12 +24,6 @@ ALGORITHMS = {
     "dpsgd": {"topology.kind": "watts_strogatz", "topology.params": {"k": 2, "p": 0.2}},
     "hfedavg": {"topology.num_lps": 2},
 }
-
-
-def write_experiment(tmp_path, **overrides):
-    path = tmp_path / "experiment.yaml"
-    path.write_text(yaml.safe_dump(digits_experiment(tmp_path, **overrides)))
-    return path
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))

@@ -6,13 +6,12 @@ import json
 
 import pandas as pd
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from raymtl.cli import app
 from raymtl.models import build_model
 from raymtl.runtime import run_experiment
-from tests.conftest import digits_experiment
+from tests.conftest import write_experiment
 
 OUTPUTS = ["config.yaml", "clients.parquet", "rounds.parquet", "messages.parquet", "summary.json"]
 ALGORITHMS = {
@@ -21,12 +20,6 @@ ALGORITHMS = {
     "dfedu": {"topology.kind": "ring"},
     "pfedme": {},
 }
-
-
-def write_experiment(tmp_path, **overrides):
-    path = tmp_path / "experiment.yaml"
-    path.write_text(yaml.safe_dump(digits_experiment(tmp_path, **overrides)))
-    return path
 
 
 @pytest.mark.ray
