@@ -63,8 +63,13 @@ def catalogue_tables() -> list[Table]:
     from raymtl.graph import TOPOLOGIES
     from raymtl.models import MODELS
 
+    tasks_taken = {"same": "one task", "labels": "one label task", "different": "any tasks"}
     algorithms = [
-        (name, f"{cls.summary} [{'/'.join(cls.shapes)}]", param_text(cls.Params))
+        (
+            name,
+            f"{cls.summary} [{'/'.join(cls.shapes)}; {tasks_taken[cls.task_support]}]",
+            param_text(cls.Params),
+        )
         for name, cls in all_algorithms().items()
     ]
     sources = [(name, first_line(fn.__doc__), signature_params(fn)) for name, fn in SOURCES.items()]
@@ -82,6 +87,7 @@ def catalogue_tables() -> list[Table]:
         ("star", "a server and its clients", ""),
         ("hierarchical", "a GPS over num_lps local parameter servers", "num_lps=2"),
         ("none", "no communication (Local)", ""),
+        ("groups", "task groups with task leaders, no server (ColNet)", ""),
     ] + [
         (name, spec.description, ", ".join(f"{k}={v}" for k, v in spec.params.items()))
         for name, spec in TOPOLOGIES.items()
@@ -92,4 +98,25 @@ def catalogue_tables() -> list[Table]:
         table("partitions (data.partition.kind)", partitions),
         table("models (model.name)", models),
         table("topologies (topology.kind)", topologies),
+        table("task targets (data.tasks[].targets)", task_rows()),
+    ]
+
+
+def task_rows() -> list[tuple[str, str, str]]:
+    """Targets a task can learn, with the loss and metrics they bring."""
+    from raymtl.tasks.spec import LOSS_OF_TARGETS, METRICS_OF_LOSS, OPTIMIZERS
+
+    what = {
+        "label": "the source's classes (relabelled to a task's classes)",
+        "attributes": "binary attributes of grey images (tasks/targets.py), multi-label",
+        "landmarks": "bounding box and intensity centroid of grey images, regression",
+    }
+    optimizers = f"optimizer: {'/'.join(OPTIMIZERS)} (lr, momentum, weight_decay)"
+    return [
+        (
+            target,
+            what[target],
+            f"loss {loss}; metrics {', '.join(METRICS_OF_LOSS[loss])}; {optimizers}",
+        )  # fmt: skip
+        for target, loss in LOSS_OF_TARGETS.items()
     ]

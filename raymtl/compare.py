@@ -79,6 +79,11 @@ def compare_experiments(
     write_table_csv(summaries, out / "table.csv")
     plot_comparison(runs, out / "plots")
     console.print(results_table(summaries, title=f"comparison ({len(runs)} experiments)"))
+    if any(summary.get("tasks") for summary in summaries):
+        from raymtl.metrics.tasks import task_table
+
+        write_task_csv(summaries, out / "table_tasks.csv")
+        console.print(task_table(summaries, title="per task"))
     console.print(f"comparison in [bold]{out}[/]")
     return out
 
@@ -93,4 +98,18 @@ def write_table_csv(summaries: list[dict], path: Path) -> None:
         for key, value in summary["final"].items():
             row[f"{key}_mean"], row[f"{key}_std"] = value["mean"], value["std"]
         rows.append(row)
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def write_task_csv(summaries: list[dict], path: Path) -> None:
+    """One row per (experiment, task): each final figure's mean and std over seeds."""
+    import pandas as pd
+
+    rows = []
+    for summary in summaries:
+        for task, figures in summary.get("tasks", {}).items():
+            row = {"experiment": summary["algorithm"], "task": task, "metric": figures["metric"]}
+            for key, value in figures["final"].items():
+                row[f"{key}_mean"], row[f"{key}_std"] = value["mean"], value["std"]
+            rows.append(row)
     pd.DataFrame(rows).to_csv(path, index=False)

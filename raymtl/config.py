@@ -15,9 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from raymtl.algorithms.base import Params
-from raymtl.algorithms.registry import get_algorithm
+from raymtl.algorithms.registry import all_algorithms, get_algorithm
 
-PEER_FREE_KINDS = ("star", "hierarchical", "none")
+PEER_FREE_KINDS = ("star", "hierarchical", "none", "groups")
 
 
 class ConfigError(ValueError):
@@ -32,7 +32,9 @@ class PartitionConfig(Section):
     kind: Literal[
         "iid", "classes_per_client", "dirichlet", "task_groups", "fmnist_tasks", "cifar10_tasks"
     ] = "classes_per_client"
-    classes_per_client: int = Field(2, ge=1)
+    classes_per_client: int | None = Field(
+        2, ge=1, description="task_groups: null = every client holds all classes of its task"
+    )
     alpha: float = Field(0.5, gt=0)
     task_classes: list[list[int]] | None = None
     quantity: Literal["equal", "lognormal", "powerlaw"] = "equal"
@@ -46,6 +48,46 @@ class PartitionConfig(Section):
     minority_fraction: float = Field(0.1, ge=0, lt=1, description="*_tasks: other tasks' share")
 
 
+class OptimizerConfig(Section):
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = Field(gt=0, allow_inf_nan=False)
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd only")
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _momentum_is_sgd_only(self) -> OptimizerConfig:
+        if self.momentum and self.name != "sgd":
+            raise ValueError(f"momentum: only for sgd, not {self.name}")
+        return self
+
+
+class TaskConfig(Section):
+    """One task of the federation: its targets decide the head, loss and metrics."""
+
+    name: str = Field(min_length=1)
+    targets: Literal["label", "attributes", "landmarks"] = "label"
+    loss: Literal["cross_entropy", "bce", "mse"] | None = Field(None, description="default: fits")
+    outputs: int | None = Field(None, ge=1, description="head outputs; default: the targets'")
+    optimizer: OptimizerConfig | None = Field(None, description="null: the algorithm's SGD")
+    metrics: list[str] | None = Field(None, description="default: every metric of the loss")
+    clients: int | None = Field(None, ge=1, description="clients of this task (in file order)")
+
+    @model_validator(mode="after")
+    def _loss_and_metrics_fit(self) -> TaskConfig:
+        from raymtl.tasks.spec import LOSS_OF_TARGETS, METRICS_OF_LOSS
+
+        fitting = LOSS_OF_TARGETS[self.targets]
+        if self.loss is not None and self.loss != fitting:
+            raise ValueError(
+                f"loss: '{self.loss}' does not fit targets '{self.targets}' (allowed: {fitting})"
+            )
+        allowed = METRICS_OF_LOSS[fitting]
+        for metric in self.metrics or ():
+            if metric not in allowed:
+                raise ValueError(f"metrics: '{metric}' is not one of {', '.join(allowed)}")
+        return self
+
+
 class DataConfig(Section):
     name: str = "digits"
     root: str | None = None
@@ -53,6 +95,27 @@ class DataConfig(Section):
     num_clients: int = Field(20, ge=1)
     partition: PartitionConfig = PartitionConfig()
     params: dict[str, Any] = Field(default_factory=dict, description="source parameters")
+    tasks: list[TaskConfig] = Field(
+        default_factory=list, description="the clients' tasks; empty = classify the labels"
+    )
+
+    @model_validator(mode="after")
+    def _tasks_cover_the_clients(self) -> DataConfig:
+        names = [task.name for task in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tasks: names must be distinct, got {names}")
+        counts = [task.clients for task in self.tasks]
+        dealt = len(self.tasks) > 1 and not partition_has_tasks(self.partition)
+        if dealt and (None in counts or sum(counts) != self.num_clients):
+            raise ValueError(
+                f"tasks: give every task 'clients' summing to num_clients ({self.num_clients})"
+            )
+        return self
+
+
+def partition_has_tasks(partition: PartitionConfig) -> bool:
+    """Partitions that assign each client a task themselves."""
+    return partition.kind in ("task_groups", "fmnist_tasks", "cifar10_tasks")
 
 
 class ModelConfig(Section):
@@ -113,10 +176,11 @@ class ExperimentConfig(Section):
         check_names(self)
         check_algorithm(self)
         check_topology(self)
+        check_tasks(self)
         return self
 
     def shape(self) -> str:
-        """star | peer | hierarchical | none: the shape the topology gives the federation."""
+        """star | peer | hierarchical | none | groups: the shape the topology gives."""
         kind = self.topology.kind
         return kind if kind in PEER_FREE_KINDS else "peer"
 
@@ -147,6 +211,37 @@ def check_algorithm(cfg: ExperimentConfig) -> None:
         raise ValueError(
             f"topology.kind: {cfg.algorithm.name} runs on {'/'.join(algorithm.shapes)}, "
             f"not '{cfg.topology.kind}'"
+        )
+
+
+def declared_tasks_differ(cfg: ExperimentConfig) -> bool:
+    """Whether the file gives clients tasks of different kinds (heads, losses, targets)."""
+    tasks = cfg.data.tasks
+    kinds = {(t.targets, t.outputs) for t in tasks}
+    if cfg.data.partition.kind == "task_groups" and cfg.data.partition.task_classes:
+        sizes = {len(classes) for classes in cfg.data.partition.task_classes}
+        return len(kinds) > 1 or len(sizes) > 1
+    return len(kinds) > 1
+
+
+def check_tasks(cfg: ExperimentConfig) -> None:
+    """Tasks fit the partition, and the algorithm can run a federation of different tasks."""
+    partition = cfg.data.partition
+    dealt_by_file = any(task.clients is not None for task in cfg.data.tasks)
+    if partition_has_tasks(partition) and len(cfg.data.tasks) > 1 and dealt_by_file:
+        raise ValueError(
+            f"data.tasks: partition '{partition.kind}' assigns the clients; drop 'clients'"
+        )
+    algorithm = get_algorithm(cfg.algorithm.name)
+    if declared_tasks_differ(cfg) and algorithm.task_support != "different":
+        accepting = [n for n, a in all_algorithms().items() if a.task_support == "different"]
+        raise ValueError(
+            f"algorithm.name: {cfg.algorithm.name} averages whole models and cannot run clients "
+            f"with different tasks (data.tasks); use {', '.join(accepting)}"
+        )
+    if algorithm.task_support == "labels" and any(t.targets != "label" for t in cfg.data.tasks):
+        raise ValueError(
+            f"data.tasks: {cfg.algorithm.name} trains on class labels only (targets: label)"
         )
 
 

@@ -17,7 +17,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-Role = Literal["client", "server", "lps", "graph"]
+from raymtl.tasks.spec import TaskSpec
+
+Role = Literal["client", "server", "lps", "graph", "leader"]
 SERVER = "server"
 
 
@@ -29,6 +31,11 @@ def client_name(index: int) -> str:
 def lps_name(index: int) -> str:
     """The participant name of local parameter server `index`."""
     return f"lps/{index}"
+
+
+def leader_name(group: int) -> str:
+    """The participant name of the task leader of task group `group` (ColNet)."""
+    return f"leader/{group}"
 
 
 def role_of(participant: str) -> str:
@@ -97,18 +104,40 @@ class Federation:
     mixing: dict[int, dict[int, float]] | None = None  # peer graph weights, self included
     lps_of_client: tuple[int, ...] | None = None
     num_lps: int = 0
-    tasks: tuple[int, ...] = ()  # true task of each client (oracle baselines, reports)
+    tasks: tuple[int, ...] = ()  # task (group) of each client: index into task_specs
     groups: tuple[int, ...] = ()  # rotation/mask group of each client
+    task_specs: tuple[TaskSpec, ...] = ()  # what each task learns (targets, loss, head, ...)
 
     def neighbours(self, client: int) -> list[int]:
         """Peers of `client` in the communication graph (self excluded)."""
         assert self.mixing is not None, "this federation has no peer graph"
         return sorted(j for j in self.mixing[client] if j != client)
 
+    def members(self, task: int) -> list[int]:
+        """The clients of task group `task`, in index order."""
+        return [i for i, t in enumerate(self.tasks) if t == task]
+
+    def task_kinds(self) -> tuple[int, ...]:
+        """Per client, an id of its task's kind (targets, loss, head size): clients of equal
+        kinds can average whole models, whatever their task ids say."""
+        if not self.tasks or not self.task_specs:
+            return (0,) * self.num_clients
+        kinds = [spec.kind() for spec in self.task_specs]
+        ids = {kind: k for k, kind in enumerate(dict.fromkeys(kinds))}
+        return tuple(ids[kinds[t]] for t in self.tasks)
+
+    def task_groups(self) -> list[int]:
+        """The task groups present, in index order."""
+        return sorted(set(self.tasks))
+
     def clients_of_lps(self, lps: int) -> list[int]:
         """Clients assigned to local parameter server `lps`."""
         assert self.lps_of_client is not None, "this federation has no LPS"
         return [i for i, k in enumerate(self.lps_of_client) if k == lps]
+
+
+# Records of this table are not written out: the runtime charges the holder's traffic.
+HOLDER_TABLE = "_held_by"
 
 
 @dataclass(frozen=True)
@@ -130,6 +159,11 @@ class StepContext:
     def record(self, table: str, **row) -> None:
         """Log a metadata row to `<table>.parquet` of the run (seed and round are added)."""
         self.records.append((table, row))
+
+    def held_by(self, client: int) -> None:
+        """This round, the role running this step is held by `client`: its traffic is that
+        client's in the bit accounting (a task leader is a client with an extra duty)."""
+        self.records.append((HOLDER_TABLE, {"participant": self.me, "client": int(client)}))
 
 
 class Params(BaseModel):
@@ -162,8 +196,13 @@ class Algorithm:
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = LocalTrainingParams
-    shapes: ClassVar[tuple[str, ...]] = ("star",)  # star | peer | hierarchical | none
+    shapes: ClassVar[tuple[str, ...]] = ("star",)  # star | peer | hierarchical | none | groups
     uses_graph: ClassVar[bool] = False  # True: a "graph" participant runs graph steps
+    uses_leaders: ClassVar[bool] = False  # True: one "leader/<g>" participant per task group
+    # What tasks the clients may have: "same" task of any kind (whole models are averaged),
+    # "labels" (the same classification task: the maths uses class labels), or "different"
+    # (only a shared backbone travels: heads, losses and optimisers may differ per task).
+    task_support: ClassVar[str] = "same"
 
     def __init__(self, params: Params, model_factory):
         self.params = params
@@ -182,3 +221,8 @@ class Algorithm:
     def eval_model(self, state: State) -> nn.Module:
         """The model a client is evaluated with (pFedMe overrides: personal model)."""
         return state.model
+
+    def rehost(self, participant: str, state: State) -> State:
+        """`participant` restarts on a new host after its host was lost (its state is the
+        fresh one of init_state); an algorithm may take over the role differently."""
+        return state

@@ -37,7 +37,8 @@ def train_local_model(state: State, ctx, params) -> float:
     """One round of plain local SGD on the client's own data (shared by algorithms)."""
     data = state.data
     seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
-    loss = local_sgd(state.model, data.train_x, data.train_y, params, seed)
+    task = getattr(data, "task", None)  # the client's task: its loss and optimiser
+    loss = local_sgd(state.model, data.train_x, data.train_y, params, seed, task=task)
     state.extras["train_loss"] = loss
     return loss
 
@@ -96,7 +97,8 @@ class FedAvg(Algorithm):
 class Local(Algorithm):
     name = "local"
     summary = "Local: every client trains alone on its own data (no communication)"
-    shapes = ("none", "star")
+    shapes = ("none", "star", "groups")
+    task_support = "different"
 
     def phases(self, round_index, rounds):
         return [Phase("client", "train", "all")]

@@ -11,6 +11,8 @@ Round t, users U_k assigned to LPS k:
       GPS:    c ← Σ_k N_k·c_k / Σ_k N_k,  N_k = Σ_{i∈U_k} n_i         (common layers c only)
       LPS k:  c_k ← c
     LPS k sends w_k to its users.
+Users of different tasks may share an LPS: their task layers are averaged only among users
+of the same kind of task, the common layers among all (algorithms/hierarchy.py).
 """
 
 from __future__ import annotations
@@ -23,13 +25,11 @@ from raymtl.algorithms.base import (
     LocalTrainingParams,
     Message,
     Phase,
-    State,
-    client_name,
     index_of,
     lps_name,
-    role_of,
 )
 from raymtl.algorithms.fedavg import by_sender, train_local_model
+from raymtl.algorithms.hierarchy import common_of, lps_broadcast, shape_average, signature
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import load_tensors, model_tensors, weighted_average
 
@@ -54,6 +54,7 @@ class HFedAvg(Algorithm):
     summary = "Hierarchical FedAvg: LPSs average their users, the GPS averages common layers"
     Params = HFedAvgParams
     shapes = ("hierarchical",)
+    task_support = "different"
 
     def phases(self, round_index, rounds):
         phases = [Phase("client", "train", "all"), Phase("lps", "aggregate", "inbox")]
@@ -61,21 +62,12 @@ class HFedAvg(Algorithm):
             phases.append(Phase("server", "aggregate_common", "inbox"))
         return phases + [Phase("lps", "broadcast", "all"), Phase("client", "receive", "inbox")]
 
-    def init_state(self, participant, data, federation):
-        if role_of(participant) == "lps":
-            users = federation.clients_of_lps(index_of(participant))
-            classes = {federation.num_classes[i] for i in users} or {federation.num_classes[0]}
-            if len(classes) > 1:
-                raise ValueError(
-                    f"topology.num_lps: {participant} mixes tasks with {sorted(classes)} classes"
-                )
-            return State(model=self.model_factory(classes.pop()))
-        return super().init_state(participant, data, federation)
-
-    def common_prefixes(self, model) -> tuple[str, ...]:
+    def common_prefixes(self) -> tuple[str, ...]:
         if self.params.common_prefixes is not None:
             return tuple(self.params.common_prefixes)
-        return tuple(model.common_prefixes())
+        if not hasattr(self, "_model_common"):  # the model's own: build one to ask it
+            self._model_common = tuple(self.model_factory(1).common_prefixes())
+        return self._model_common
 
     def train(self, state, inbox, ctx):
         train_local_model(state, ctx, self.params)
@@ -83,16 +75,17 @@ class HFedAvg(Algorithm):
         return state, [Message(ctx.me, lps, "model", model_tensors(state.model))]
 
     def aggregate(self, state, inbox, ctx):
-        samples = ctx.federation.samples
-        average = weighted_average(
-            [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
-        )
-        if average is not None:
-            load_tensors(state.model, average)
-        if ctx.round % self.params.global_every != 0:
+        fed, common = ctx.federation, self.common_prefixes()
+        kinds = fed.task_kinds()  # task layers mix only among users of one kind of task
+        models = by_sender(inbox)
+        keys = {index_of(m.src): signature(m.tensors, kinds[index_of(m.src)], common)
+                for m in models}  # fmt: skip
+        updates = [(m.tensors, fed.samples[index_of(m.src)], keys[index_of(m.src)]) for m in models]
+        state.extras["model"], state.extras["keys"] = shape_average(updates), keys
+        if ctx.round % self.params.global_every != 0 or not models:
             return state, []
-        common = model_tensors(state.model, self.common_prefixes(state.model))
-        return state, [Message(ctx.me, SERVER, "common", common)]
+        shared = common_of(state.extras["model"], common, ctx.me)
+        return state, [Message(ctx.me, SERVER, "common", shared)]
 
     def aggregate_common(self, state, inbox, ctx):
         fed = ctx.federation
@@ -104,11 +97,8 @@ class HFedAvg(Algorithm):
         return state, [Message(SERVER, m.src, "common", average) for m in by_sender(inbox)]
 
     def broadcast(self, state, inbox, ctx):
-        for message in inbox:
-            load_tensors(state.model, message.tensors)
-        tensors = model_tensors(state.model)
-        users = ctx.federation.clients_of_lps(ctx.index)
-        return state, [Message(ctx.me, client_name(i), "lps_model", tensors) for i in users]
+        keys = state.extras.get("keys", {})
+        return state, lps_broadcast(state, inbox, keys, ctx.me)
 
     def receive(self, state, inbox, ctx):
         for message in inbox:

@@ -17,8 +17,8 @@ Every round t (hierarchical FedAvg inside the clusters; common layers c across t
     if t mod global_every = 0:
       GPS:         c ← Σ_k N_k·c_k / Σ_k N_k,  N_k = Σ_{i∈U_k} n_i;   c_k ← c
     LPS k sends w_k to its users.
-Heads of different sizes (tasks that relabel their classes) are averaged only among the
-users holding the same shape: every tensor is averaged per (name, shape).
+Users of different tasks may share an LPS: their task layers are averaged only among users
+of the same task, the common layers among all (algorithms/hierarchy.py).
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ from raymtl.algorithms.base import (
     lps_name,
 )
 from raymtl.algorithms.fedavg import by_sender, train_local_model
-from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import (
-    derive_seed,
-    is_finite,
-    load_tensors,
-    model_tensors,
-    weighted_average,
+from raymtl.algorithms.hierarchy import (
+    common_of,
+    lps_broadcast,
+    replies_by_signature,
+    shape_average,
+    signature,
 )
+from raymtl.algorithms.registry import register
+from raymtl.algorithms.training import derive_seed, load_tensors, model_tensors
 from raymtl.data.features import feature_map
 from raymtl.graph import clustering as hac
 
@@ -71,34 +72,6 @@ class OneShotHFLParams(LocalTrainingParams):
     )
 
 
-def shape_average(updates: list[tuple[dict, float]]) -> dict[str, dict[tuple, torch.Tensor]]:
-    """Weighted average of every tensor over the updates holding it with the same shape.
-
-    Returns {name: {shape: average}}; non-finite updates are left out whole.
-    """
-    groups: dict[tuple, list] = defaultdict(list)
-    for tensors, weight in updates:
-        if not is_finite(tensors):
-            continue
-        for name, tensor in tensors.items():
-            groups[(name, tuple(tensor.shape))].append(({name: tensor}, weight))
-    store: dict[str, dict[tuple, torch.Tensor]] = defaultdict(dict)
-    for (name, shape), group in sorted(groups.items()):
-        average = weighted_average(group)
-        if average is not None:
-            store[name][shape] = average[name]
-    return dict(store)
-
-
-def pick(store: dict, shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
-    """The stored tensors matching one participant's {name: shape}."""
-    return {name: store[name][shape] for name, shape in shapes.items() if shape in store[name]}
-
-
-def signature(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
-    return {name: tuple(tensor.shape) for name, tensor in tensors.items()}
-
-
 def lps_of(labels) -> list[int]:
     """Cluster labels -> LPS index (clusters named by their smallest member)."""
     return [int(label) for label in hac.canonical_labels(labels)]
@@ -111,6 +84,7 @@ class OneShotHFL(Algorithm):
     Params = OneShotHFLParams
     shapes = ("hierarchical",)
     uses_graph = True
+    task_support = "different"
 
     def phases(self, round_index, rounds):
         phases = self.clustering_phases() if round_index == 1 else []
@@ -225,23 +199,16 @@ class OneShotHFL(Algorithm):
         for message in inbox:
             if message.kind == "membership":
                 state.extras["members"] = message.tensors["members"].tolist()
-        updates = [(m.tensors, samples[index_of(m.src)]) for m in models]
-        state.extras["model"] = shape_average(updates)
-        state.extras["shapes"] = {index_of(m.src): signature(m.tensors) for m in models}
+        # Task layers mix only among users whose tasks are of one kind (never across kinds).
+        common, tasks = self.common_prefixes(), ctx.federation.task_kinds()
+        keys = {index_of(m.src): signature(m.tensors, tasks[index_of(m.src)], common)
+                for m in models}  # fmt: skip
+        updates = [(m.tensors, samples[index_of(m.src)], keys[index_of(m.src)]) for m in models]
+        state.extras["model"], state.extras["shapes"] = shape_average(updates), keys
         if ctx.round % self.params.global_every != 0 or not models:
             return state, []
-        return state, [Message(ctx.me, SERVER, "common", self.common_of(state, ctx))]
-
-    def common_of(self, state, ctx) -> dict[str, torch.Tensor]:
-        prefixes = self.common_prefixes()
-        common = {}
-        for name, by_shape in state.extras["model"].items():
-            if not any(name.startswith(p) for p in prefixes):
-                continue
-            if len(by_shape) > 1:
-                raise ValueError(f"common_prefixes: {name} has several shapes in {ctx.me}")
-            common[name] = next(iter(by_shape.values()))
-        return common
+        shared = common_of(state.extras["model"], common, ctx.me)
+        return state, [Message(ctx.me, SERVER, "common", shared)]
 
     def aggregate_common(self, state, inbox, ctx):
         assignment, samples = state.extras["lps_of_client"], ctx.federation.samples
@@ -249,28 +216,13 @@ class OneShotHFL(Algorithm):
         for i, k in enumerate(assignment):
             weight[k] += samples[i]
         messages = by_sender(inbox)
-        store = shape_average([(m.tensors, weight[index_of(m.src)]) for m in messages])
-        replies, outbox = {}, []
-        for message in messages:
-            shapes = signature(message.tensors)
-            key = tuple(sorted(shapes.items()))
-            replies.setdefault(key, pick(store, shapes))  # one dict per shape set: stored once
-            outbox.append(Message(SERVER, message.src, "common", replies[key]))
-        return state, outbox
+        updates = [(m.tensors, weight[index_of(m.src)], signature(m.tensors)) for m in messages]
+        store = shape_average(updates)
+        return state, replies_by_signature(store, messages, SERVER, "common")
 
     def broadcast(self, state, inbox, ctx):
-        store = state.extras.get("model")
-        if not store:
-            return state, []
-        for message in inbox:  # the GPS average of the common layers
-            for name, tensor in message.tensors.items():
-                store[name] = {tuple(tensor.shape): tensor}
-        outbox, payloads = [], {}
-        for client, shapes in sorted(state.extras["shapes"].items()):
-            key = tuple(sorted(shapes.items()))
-            payloads.setdefault(key, pick(store, shapes))
-            outbox.append(Message(ctx.me, client_name(client), "lps_model", payloads[key]))
-        return state, outbox
+        keys = state.extras.get("shapes", {})
+        return state, lps_broadcast(state, inbox, keys, ctx.me)
 
     def receive(self, state, inbox, ctx):
         for message in inbox:

@@ -97,6 +97,7 @@ class PFedMe(FedAvg):
     summary = "pFedMe: Moreau-envelope personal models, FedAvg of the local copies"
     Params = PFedMeParams
     shapes = ("star",)
+    task_support = "labels"  # the update uses class labels (cross-entropy)
 
     def eval_model(self, state):
         return state.extras.get("personal", state.model)

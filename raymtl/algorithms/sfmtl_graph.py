@@ -172,6 +172,7 @@ class SFMTLGraph(Algorithm):
     summary = "SFMTL-Graph: heads + feature anchors, similarity graph communities, Laplacian heads"
     Params = SFMTLGraphParams
     shapes = ("star",)
+    task_support = "labels"  # the update uses class labels (cross-entropy)
     uses_graph = True
 
     def phases(self, round_index, rounds):

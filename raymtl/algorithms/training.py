@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from raymtl.algorithms.base import LocalTrainingParams
+from raymtl.tasks.objectives import build_optimizer, evaluate_task, task_loss
+from raymtl.tasks.spec import OptimizerSpec, TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +36,30 @@ def cross_entropy_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
     return F.cross_entropy(model(x), y)
 
 
+def params_optimizer(params: LocalTrainingParams) -> OptimizerSpec:
+    """The algorithm's own local SGD, used by tasks that name no optimiser."""
+    return OptimizerSpec("sgd", params.lr, params.momentum, params.weight_decay)
+
+
 def local_sgd(
     model: nn.Module,
     train_x: torch.Tensor,
     train_y: torch.Tensor,
     params: LocalTrainingParams,
     seed: int,
-    loss_fn: LossHook = cross_entropy_loss,
+    loss_fn: LossHook | None = None,
+    task: TaskSpec | None = None,
 ) -> float:
-    """`params.epochs` epochs of mini-batch SGD in place; returns the mean batch loss."""
+    """`params.epochs` epochs of mini-batch training in place; returns the mean batch loss.
+
+    The loss is `loss_fn` when given, else the task's (cross-entropy without a task); the
+    optimiser is the task's (fresh every call), else SGD with the algorithm's settings.
+    """
+    if loss_fn is None:
+        loss_fn = lambda net, x, y: task_loss(task, net(x), y)  # noqa: E731
     torch.manual_seed(seed)  # dropout draws
     order_rng = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.SGD(
-        model.parameters(),
-        lr=params.lr,
-        momentum=params.momentum,
-        weight_decay=params.weight_decay,
-    )
+    optimizer = build_optimizer(model.parameters(), task, params_optimizer(params))
     model.train()
     losses = []
     for _ in range(params.epochs):
@@ -66,18 +75,11 @@ def local_sgd(
     return float(torch.stack(losses).mean()) if losses else float("nan")
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 512) -> dict:
-    """Mean cross-entropy loss and accuracy of `model` on (x, y)."""
-    model.eval()
-    total_loss, correct = 0.0, 0
-    for start in range(0, len(y), batch):
-        logits = model(x[start : start + batch])
-        target = y[start : start + batch]
-        total_loss += float(F.cross_entropy(logits, target, reduction="sum"))
-        correct += int((logits.argmax(1) == target).sum())
-    n = max(len(y), 1)
-    return {"loss": total_loss / n, "accuracy": correct / n}
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: TaskSpec | None = None
+) -> dict:
+    """Mean loss and the task's metrics (without a task: cross-entropy and accuracy)."""
+    return evaluate_task(model, x, y, task)
 
 
 def model_tensors(model: nn.Module, prefixes: Sequence[str] | None = None) -> dict:

@@ -9,6 +9,7 @@ import torch
 
 from raymtl.data.partitions import ClientShard
 from raymtl.data.sources import Pool
+from raymtl.tasks.spec import TaskSpec
 
 PATCH = 2  # side of the square patches that masking drops
 
@@ -21,8 +22,9 @@ class ClientData:
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
-    num_classes: int  # C_t when relabelled, else the pool's
+    num_classes: int  # head outputs: C_t when relabelled, the task's outputs, else the pool's
     input_shape: tuple[int, int, int]
+    task: TaskSpec | None = None  # decides the loss, optimiser and metrics (None: CE labels)
 
 
 def _mask_generator(seed: int, client_id: int) -> torch.Generator:
@@ -65,14 +67,25 @@ def _features(pool: Pool, idx: np.ndarray, shard: ClientShard, generator) -> tor
     return x.contiguous()
 
 
-def materialize(pool: Pool, shard: ClientShard, seed: int) -> ClientData:
-    """Build a client's float32 tensors from the pool: scale, rotate, mask, relabel."""
+def _targets(pool: Pool, idx: np.ndarray, shard: ClientShard, task: TaskSpec | None):
+    """Labels (relabelled to the task's classes), or the task's per-image target table."""
+    if task is None or task.targets == "label":
+        return _relabel(_take(pool.y, idx), shard.task_classes, pool.num_classes)
+    from raymtl.tasks.targets import TARGET_BUILDERS
+
+    return _take(TARGET_BUILDERS[task.targets](pool).values, idx)
+
+
+def materialize(pool: Pool, shard: ClientShard, seed: int, task: TaskSpec | None = None):
+    """Build a client's float32 tensors from the pool: scale, rotate, mask, targets."""
     # One generator for train then test: each sample's mask is drawn once and stays fixed.
     generator = _mask_generator(seed, shard.client_id)
     train_x = _features(pool, shard.train_idx, shard, generator)
     test_x = _features(pool, shard.test_idx, shard, generator)
-    train_y = _relabel(_take(pool.y, shard.train_idx), shard.task_classes, pool.num_classes)
-    test_y = _relabel(_take(pool.y, shard.test_idx), shard.task_classes, pool.num_classes)
+    train_y = _targets(pool, shard.train_idx, shard, task)
+    test_y = _targets(pool, shard.test_idx, shard, task)
     num_classes = len(shard.task_classes) if shard.task_classes else pool.num_classes
+    if task is not None and task.targets != "label":
+        num_classes = task.outputs
     input_shape = tuple(int(size) for size in train_x.shape[1:])
-    return ClientData(train_x, train_y, test_x, test_y, num_classes, input_shape)
+    return ClientData(train_x, train_y, test_x, test_y, num_classes, input_shape, task)

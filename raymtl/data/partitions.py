@@ -7,31 +7,28 @@ samples are then split among its clients in proportion to affinity x quantity we
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
+from raymtl.data.shards import (
+    MIN_TEST,
+    MIN_TRAIN,
+    ClientShard,
+    check_client_size,
+    fail,
+    group_settings,
+    make_shard,
+    quantity_weights,
+    train_test_split,
+    validate_sizes,
+)
 from raymtl.data.task_splits import TASK_SPLITS
 
-MIN_TRAIN, MIN_TEST = 2, 1
-QUANTITIES = ("equal", "lognormal", "powerlaw")
+__all__ = ["PARTITIONS", "ClientShard", "partition_clients"]  # ClientShard: from shards.py
+
 # Dirichlet clients are topped up to this many samples (the usual NIID-Bench floor) when the
 # dataset is large enough, so no client is left with a handful of samples.
 DIRICHLET_MIN_SAMPLES = 10
-
-
-@dataclass(frozen=True)
-class ClientShard:
-    """One client's slice of the pool: sample indices plus its group and task."""
-
-    client_id: int
-    train_idx: np.ndarray  # indices into the pool
-    test_idx: np.ndarray  # indices into the pool, stratified like train
-    group: int  # rotation/mask group (0 when none)
-    rotation: int  # degrees, multiple of 90
-    mask_prob: float  # probability of dropping each 2x2 patch
-    task: int  # task id (0 when no task groups)
-    task_classes: tuple[int, ...] | None  # original class ids of the task; None = no relabel
 
 
 def _assign_classes(affinity: np.ndarray, class_ids, clients, k: int, rng) -> None:
@@ -64,7 +61,7 @@ def _task_groups(class_counts, num_clients, rng, *, classes_per_client, task_cla
     affinity = np.zeros((class_counts.size, num_clients))
     for task, classes in enumerate(task_classes):
         clients = np.arange(task, num_clients, len(task_classes))
-        if classes_per_client < len(classes):
+        if classes_per_client is not None and classes_per_client < len(classes):
             _assign_classes(affinity, classes, clients, classes_per_client, rng)
         else:
             affinity[np.ix_(classes, clients)] = 1.0
@@ -82,88 +79,46 @@ PARTITIONS: dict[str, Callable[..., np.ndarray]] = {
 _STRICT_KINDS = ("classes_per_client", "task_groups")
 
 
-def _fail(field: str, problem: str) -> ValueError:
-    return ValueError(f"partition.{field}: {problem}")
-
-
 def _validate_label_skew(labels, num_classes, num_clients, kind, k, alpha) -> None:
     if kind not in PARTITIONS:
-        raise _fail("kind", f"{kind!r} is not one of {', '.join(PARTITIONS)}")
+        raise fail("kind", f"{kind!r} is not one of {', '.join(PARTITIONS)}")
     if num_clients < 1:
-        raise _fail("num_clients", f"{num_clients} must be >= 1")
+        raise fail("num_clients", f"{num_clients} must be >= 1")
     if labels.ndim != 1 or labels.size == 0 or labels.min() < 0 or labels.max() >= num_classes:
-        raise _fail("labels", f"must be a non-empty 1-D array of class ids in 0..{num_classes - 1}")
+        raise fail("labels", f"must be a non-empty 1-D array of class ids in 0..{num_classes - 1}")
     if num_clients > labels.size:
-        raise _fail("num_clients", f"{num_clients} clients exceed the {labels.size} samples")
-    if kind in _STRICT_KINDS and k < 1:
-        raise _fail("classes_per_client", f"{k} must be >= 1")
+        raise fail("num_clients", f"{num_clients} clients exceed the {labels.size} samples")
+    if k is None and kind != "task_groups":
+        raise fail("classes_per_client", "null (all classes of the task) is for 'task_groups'")
+    if kind in _STRICT_KINDS and k is not None and k < 1:
+        raise fail("classes_per_client", f"{k} must be >= 1")
     if kind == "classes_per_client" and k > num_classes:
-        raise _fail("classes_per_client", f"{k} exceeds the {num_classes} classes of the dataset")
+        raise fail("classes_per_client", f"{k} exceeds the {num_classes} classes of the dataset")
     if kind == "dirichlet" and not alpha > 0:
-        raise _fail("alpha", f"{alpha} must be > 0")
+        raise fail("alpha", f"{alpha} must be > 0")
 
 
 def _validate_tasks(task_classes, kind, num_classes, num_clients, k) -> None:
     if kind != "task_groups":
         if task_classes is not None:
-            raise _fail("task_classes", f"only used with kind 'task_groups', not {kind!r}")
+            raise fail("task_classes", f"only used with kind 'task_groups', not {kind!r}")
         return
     if not task_classes:
-        raise _fail("task_classes", "required (a list of class lists) for kind 'task_groups'")
+        raise fail("task_classes", "required (a list of class lists) for kind 'task_groups'")
     if num_clients < len(task_classes):
-        raise _fail("num_clients", f"{num_clients} clients cannot cover {len(task_classes)} tasks")
+        raise fail("num_clients", f"{num_clients} clients cannot cover {len(task_classes)} tasks")
     every = [label for classes in task_classes for label in classes]
     for label in every:
         if not 0 <= label < num_classes:
-            raise _fail("task_classes", f"class {label} is not in 0..{num_classes - 1}")
+            raise fail("task_classes", f"class {label} is not in 0..{num_classes - 1}")
         if every.count(label) > 1:
-            raise _fail("task_classes", f"class {label} appears in more than one task")
+            raise fail("task_classes", f"class {label} appears in more than one task")
     for task, classes in enumerate(task_classes):
         if not classes:
-            raise _fail("task_classes", f"task {task} has no classes")
-        if k > len(classes):
+            raise fail("task_classes", f"task {task} has no classes")
+        if k is not None and k > len(classes):
             problem = f"{k} exceeds the {len(classes)} classes of task {task}"
-            raise _fail("classes_per_client", problem)
-
-
-def _validate_sizes(quantity, sigma, exponent, test_fraction, max_samples) -> None:
-    if quantity not in QUANTITIES:
-        raise _fail("quantity", f"{quantity!r} is not one of {', '.join(QUANTITIES)}")
-    if quantity == "lognormal" and not sigma > 0:
-        raise _fail("quantity_sigma", f"{sigma} must be > 0")
-    if quantity == "powerlaw" and not exponent > 0:
-        raise _fail("quantity_exponent", f"{exponent} must be > 0")
-    if not 0 < test_fraction < 1:
-        raise _fail("test_fraction", f"{test_fraction} must be in (0, 1)")
-    if max_samples is not None and max_samples < MIN_TRAIN + MIN_TEST:
-        raise _fail("max_samples_per_client", f"{max_samples} must be >= {MIN_TRAIN + MIN_TEST}")
-
-
-def _group_settings(rotations, mask_probs) -> list[tuple[int, float]]:
-    """(rotation, mask_prob) per group; groups come from whichever list is given."""
-    if rotations is None and mask_probs is None:
-        return []
-    if rotations is not None and mask_probs is not None and len(rotations) != len(mask_probs):
-        raise _fail("mask_probs", f"{len(mask_probs)} values but rotations has {len(rotations)}")
-    rotations = list(rotations) if rotations is not None else [0] * len(mask_probs)
-    mask_probs = list(mask_probs) if mask_probs is not None else [0.0] * len(rotations)
-    if not rotations:
-        raise _fail("rotations", "must list at least one group")
-    for degrees in rotations:
-        if int(degrees) != degrees or degrees % 90:
-            raise _fail("rotations", f"{degrees} is not a multiple of 90")
-    for prob in mask_probs:
-        if not 0 <= prob < 1:
-            raise _fail("mask_probs", f"{prob} must be in [0, 1)")
-    return list(zip(map(int, rotations), map(float, mask_probs), strict=True))
-
-
-def _quantity_weights(quantity: str, num_clients: int, sigma: float, exponent: float, rng):
-    if quantity == "lognormal":
-        return rng.lognormal(0.0, sigma, num_clients)
-    if quantity == "powerlaw":
-        return rng.permutation(np.arange(1, num_clients + 1, dtype=float) ** -exponent)
-    return np.ones(num_clients)
+            raise fail("classes_per_client", problem)
 
 
 def _allocate(total: int, proportions: np.ndarray, min_one: bool) -> np.ndarray:
@@ -199,7 +154,7 @@ def _check_holders(class_counts: np.ndarray, affinity: np.ndarray) -> None:
     if (class_counts < holders).any():
         label = int(np.argmax(class_counts < holders))
         problem = f"class {label} has {class_counts[label]} samples for {holders[label]} clients"
-        raise _fail("num_clients", problem)
+        raise fail("num_clients", problem)
 
 
 def _top_up(client_idx: list[np.ndarray], minimum: int, rng) -> None:
@@ -225,36 +180,6 @@ def _cap(idx: np.ndarray, labels: np.ndarray, cap: int | None, rng) -> np.ndarra
     return np.concatenate(kept)
 
 
-def _train_test_split(idx, labels, test_fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
-    """Per class: shuffle, then test gets round(n * test_fraction), clipped to [1, n - 1]."""
-    train, test = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-    for label in np.unique(labels[idx]):
-        members = rng.permutation(idx[labels[idx] == label])
-        n_test = min(max(round(members.size * test_fraction), 1), members.size - 1)
-        test.append(members[:n_test])
-        train.append(members[n_test:])
-    train_idx, test_idx = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
-    if test_idx.size == 0 and train_idx.size > MIN_TRAIN:  # only singleton classes
-        moved = rng.integers(train_idx.size)
-        test_idx, train_idx = train_idx[moved : moved + 1], np.delete(train_idx, moved)
-    return train_idx, test_idx
-
-
-def _check_client_size(client: int, train: np.ndarray, test: np.ndarray, quantity: str) -> None:
-    if train.size < MIN_TRAIN or test.size < MIN_TEST:
-        field = "quantity" if quantity != "equal" else "num_clients"
-        got = f"client {client} gets {train.size} train / {test.size} test samples"
-        raise _fail(field, f"{got}, needs {MIN_TRAIN} / {MIN_TEST}; use fewer clients or skew")
-
-
-def _make_shard(client: int, train, test, groups, task_classes) -> ClientShard:
-    group = client % len(groups) if groups else 0
-    rotation, mask_prob = groups[group] if groups else (0, 0.0)
-    task = client % len(task_classes) if task_classes else 0
-    classes = tuple(int(label) for label in task_classes[task]) if task_classes else None
-    return ClientShard(client, train, test, group, rotation, mask_prob, task, classes)
-
-
 def partition_clients(
     labels: np.ndarray,
     num_classes: int,
@@ -262,7 +187,7 @@ def partition_clients(
     num_clients: int,
     kind: str,
     seed: int,
-    classes_per_client: int = 2,
+    classes_per_client: int | None = 2,  # task_groups: None = all classes of the task
     alpha: float = 0.5,
     task_classes: list[list[int]] | None = None,
     quantity: str = "equal",
@@ -281,10 +206,10 @@ def partition_clients(
     _validate_label_skew(labels, num_classes, num_clients, kind, classes_per_client, alpha)
     _validate_tasks(task_classes, kind, num_classes, num_clients, classes_per_client)
     cap = max_samples_per_client
-    _validate_sizes(quantity, quantity_sigma, quantity_exponent, test_fraction, cap)
-    groups = _group_settings(rotations, mask_probs)
+    validate_sizes(quantity, quantity_sigma, quantity_exponent, test_fraction, cap)
+    groups = group_settings(rotations, mask_probs)
     rng = np.random.default_rng(seed)
-    weights = _quantity_weights(quantity, num_clients, quantity_sigma, quantity_exponent, rng)
+    weights = quantity_weights(quantity, num_clients, quantity_sigma, quantity_exponent, rng)
     class_counts = np.bincount(labels, minlength=num_classes)
     affinity = PARTITIONS[kind](
         class_counts, num_clients, rng,
@@ -298,7 +223,9 @@ def partition_clients(
         _top_up(client_idx, floor, rng)
     shards = []
     for client, idx in enumerate(client_idx):
-        train, test = _train_test_split(_cap(idx, labels, cap, rng), labels, test_fraction, rng)
-        _check_client_size(client, train, test, quantity)
-        shards.append(_make_shard(client, train, test, groups, task_classes))
+        train, test = train_test_split(_cap(idx, labels, cap, rng), labels, test_fraction, rng)
+        check_client_size(client, train, test, quantity)
+        task = client % len(task_classes) if task_classes else 0
+        classes = tuple(int(label) for label in task_classes[task]) if task_classes else None
+        shards.append(make_shard(client, train, test, groups, task, classes))
     return shards

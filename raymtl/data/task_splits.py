@@ -22,28 +22,35 @@ from __future__ import annotations
 
 import numpy as np
 
+from raymtl.data.shards import (
+    ClientShard,
+    check_client_size,
+    fail,
+    group_settings,
+    make_shard,
+    quantity_weights,
+    train_test_split,
+    validate_sizes,
+)
+
 FASHION_MNIST_TASKS = [[0, 1, 2, 3, 4, 6], [5, 7, 9], [8]]
 FASHION_MNIST_USERS = [5, 3, 2]
 CIFAR10_TASKS = [[0, 1, 8, 9], [2, 3, 4, 5, 6, 7]]
 CIFAR10_USERS = [5, 5]
 
 
-def _fail(field: str, problem: str) -> ValueError:
-    return ValueError(f"partition.{field}: {problem}")
-
-
 def _check(tasks, users, num_clients: int, num_classes: int, fraction: float) -> None:
     if len(users) != len(tasks) or any(u < 1 for u in users):
-        raise _fail("task_users", f"{users} must give >= 1 user to each of {len(tasks)} tasks")
+        raise fail("task_users", f"{users} must give >= 1 user to each of {len(tasks)} tasks")
     if sum(users) != num_clients:
-        raise _fail("num_clients", f"{num_clients} but task_users {users} sums to {sum(users)}")
+        raise fail("num_clients", f"{num_clients} but task_users {users} sums to {sum(users)}")
     every = [label for classes in tasks for label in classes]
     if not all(tasks) or len(set(every)) != len(every):
-        raise _fail("task_classes", f"{tasks}: tasks must be non-empty and disjoint")
+        raise fail("task_classes", f"{tasks}: tasks must be non-empty and disjoint")
     if not all(0 <= label < num_classes for label in every):
-        raise _fail("task_classes", f"{tasks}: classes must be in 0..{num_classes - 1}")
+        raise fail("task_classes", f"{tasks}: classes must be in 0..{num_classes - 1}")
     if not 0 <= fraction < 1:
-        raise _fail("minority_fraction", f"{fraction} must be in [0, 1)")
+        raise fail("minority_fraction", f"{fraction} must be in [0, 1)")
 
 
 def demand(class_counts, tasks, users, fraction: float, weights) -> np.ndarray:
@@ -86,10 +93,10 @@ def scaled_counts(wanted: np.ndarray, class_counts: np.ndarray, cap: int | None)
     return counts
 
 
-def majority_task_split(labels, num_classes: int, *, defaults: tuple, **options) -> list:
+def majority_task_split(
+    labels, num_classes: int, *, defaults: tuple, **options
+) -> list[ClientShard]:
     """Shards of a majority-task split (see the module docstring)."""
-    from raymtl.data import partitions as base
-
     labels = np.asarray(labels, dtype=np.int64)
     extra = options.get("task_split") or {}
     tasks = options.get("task_classes") or defaults[0]
@@ -97,13 +104,13 @@ def majority_task_split(labels, num_classes: int, *, defaults: tuple, **options)
     fraction = float(extra.get("minority_fraction", 0.1))
     num_clients, cap = options["num_clients"], options.get("max_samples_per_client")
     _check(tasks, users, num_clients, num_classes, fraction)
-    base._validate_sizes(
+    validate_sizes(
         options.get("quantity", "equal"), options.get("quantity_sigma", 1.0),
         options.get("quantity_exponent", 1.5), options.get("test_fraction", 0.2), cap,
     )  # fmt: skip
-    groups = base._group_settings(options.get("rotations"), options.get("mask_probs"))
+    groups = group_settings(options.get("rotations"), options.get("mask_probs"))
     rng = np.random.default_rng(options["seed"])
-    weights = base._quantity_weights(
+    weights = quantity_weights(
         options.get("quantity", "equal"), num_clients, options.get("quantity_sigma", 1.0),
         options.get("quantity_exponent", 1.5), rng,
     )  # fmt: skip
@@ -119,22 +126,19 @@ def majority_task_split(labels, num_classes: int, *, defaults: tuple, **options)
     shards = []
     for client, pieces in enumerate(held):
         idx = np.concatenate(pieces)
-        train, test = base._train_test_split(idx, labels, options.get("test_fraction", 0.2), rng)
-        base._check_client_size(client, train, test, "equal")
-        rotation, mask = groups[client % len(groups)] if groups else (0, 0.0)
-        group = client % len(groups) if groups else 0
-        task = int(task_of[client])
-        shards.append(base.ClientShard(client, train, test, group, rotation, mask, task, None))
+        train, test = train_test_split(idx, labels, options.get("test_fraction", 0.2), rng)
+        check_client_size(client, train, test, "equal")
+        shards.append(make_shard(client, train, test, groups, int(task_of[client])))
     return shards
 
 
-def fmnist_tasks(labels, num_classes, **options) -> list:
+def fmnist_tasks(labels, num_classes, **options) -> list[ClientShard]:
     """Fashion-MNIST 3 tasks by majority labels (clothes/shoes/bags), users 5/3/2, unbalanced."""
     defaults = (FASHION_MNIST_TASKS, FASHION_MNIST_USERS)
     return majority_task_split(labels, num_classes, defaults=defaults, **options)
 
 
-def cifar10_tasks(labels, num_classes, **options) -> list:
+def cifar10_tasks(labels, num_classes, **options) -> list[ClientShard]:
     """CIFAR-10 vehicles vs animals, 5 users each, a minority fraction of the other task."""
     defaults = (CIFAR10_TASKS, CIFAR10_USERS)
     return majority_task_split(labels, num_classes, defaults=defaults, **options)

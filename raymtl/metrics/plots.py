@@ -20,8 +20,11 @@ NO_COMMUNICATION_X = 1.0
 
 
 def evaluated_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Rows of rounds where evaluation happened (non-eval rounds carry NaN accuracy)."""
-    return rounds.dropna(subset=["mean_accuracy"])
+    """Rows of rounds where evaluation happened (non-eval rounds carry NaN loss).
+
+    The loss, not the accuracy: a federation of regression tasks has no accuracy.
+    """
+    return rounds.dropna(subset=["mean_loss"])
 
 
 def curves_by_round(rounds: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -135,11 +138,15 @@ def plot_run(run_dir: Path) -> list[Path]:
     recorder = Recorder.load(run_dir)
     rounds, clients = recorder.rounds(), recorder.clients()
     out_dir = run_dir / "plots"
-    return [
+    paths = [
         plot_accuracy_vs_round(rounds, out_dir / "accuracy_vs_round.png"),
         plot_accuracy_vs_bits(rounds, out_dir / "accuracy_vs_bits.png"),
         plot_client_accuracy_distribution(clients, out_dir / "client_accuracy_distribution.png"),
     ]
+    from raymtl.metrics.tasks import plot_task_comparison
+
+    per_task = plot_task_comparison({run_dir.name: clients}, out_dir / "tasks.png")
+    return paths + ([per_task] if per_task else [])
 
 
 def plot_comparison_metric(
@@ -164,7 +171,7 @@ def plot_comparison(runs: dict[str, Path], out_dir: Path) -> list[Path]:
     """Compare algorithms (name -> run dir): mean and worst-10% accuracy figures in ``out_dir``."""
     out_dir = Path(out_dir)
     rounds_by_algorithm = {name: Recorder.load(run_dir).rounds() for name, run_dir in runs.items()}
-    return [
+    paths = [
         plot_comparison_metric(
             rounds_by_algorithm, "mean_accuracy", out_dir / "comparison_mean_accuracy.png"
         ),
@@ -172,3 +179,8 @@ def plot_comparison(runs: dict[str, Path], out_dir: Path) -> list[Path]:
             rounds_by_algorithm, "worst10_accuracy", out_dir / "comparison_worst10_accuracy.png"
         ),
     ]
+    from raymtl.metrics.tasks import plot_task_comparison  # imports this module: late
+
+    clients = {name: Recorder.load(run_dir).clients() for name, run_dir in runs.items()}
+    per_task = plot_task_comparison(clients, out_dir / "comparison_tasks.png")
+    return paths + ([per_task] if per_task else [])

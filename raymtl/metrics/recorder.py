@@ -23,6 +23,13 @@ CLIENTS_SCHEMA = pa.schema(
         ("task", pa.int64()),
         ("bits_up", pa.int64()),
         ("bits_down", pa.int64()),
+        # The task's own metrics (null where they do not apply: see raymtl.tasks.spec).
+        ("task_name", pa.string()),
+        ("precision", pa.float64()),
+        ("recall", pa.float64()),
+        ("f1", pa.float64()),
+        ("mse", pa.float64()),
+        ("mae", pa.float64()),
     ]
 )
 
@@ -54,6 +61,10 @@ MESSAGES_SCHEMA = pa.schema(
         ("dst_role", pa.string()),
         ("kind", pa.string()),
         ("bits", pa.int64()),
+        # The clients charged with sending / receiving (null for server, LPS and graph): a
+        # role held by a client (a task leader) charges its traffic to that client.
+        ("src_client", pa.int64()),
+        ("dst_client", pa.int64()),
     ]
 )
 
@@ -84,7 +95,11 @@ def read_parquet_or_empty(path: Path, schema: pa.Schema) -> pa.Table:
     """Read ``path`` cast to ``schema``; an empty table with the schema's columns if absent."""
     if not path.exists():
         return schema.empty_table()
-    return pq.read_table(path).select(schema.names).cast(schema)
+    table = pq.read_table(path)
+    for field in schema:  # runs written before a column existed: the column is null
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table.select(schema.names).cast(schema)
 
 
 class Recorder:

@@ -15,6 +15,7 @@ from rich.table import Table
 from raymtl.metrics.extras import report_extra_tables
 from raymtl.metrics.plots import evaluated_rounds, plot_run
 from raymtl.metrics.recorder import Recorder
+from raymtl.metrics.tasks import has_tasks, task_summary, task_table
 
 ACCURACY_METRICS = ("mean_accuracy", "worst10_accuracy", "worst20_accuracy", "std_accuracy")
 # Summary key -> rounds column, read at the seed's last recorded round (the whole run's cost).
@@ -72,6 +73,9 @@ def summarize(run_dir: Path, algorithm: str) -> dict:
         },
         "per_seed": per_seed,
     }
+    clients = Recorder.load(run_dir).clients()
+    if has_tasks(clients):
+        summary["tasks"] = task_summary(clients)
     report_extra_tables(run_dir, summary)  # algorithm tables add their own figures
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -153,6 +157,8 @@ def report(run_dir: Path, console: Console | None = None) -> dict:
     summary = summarize(run_dir, algorithm_name(run_dir))
     plot_paths = plot_run(run_dir)
     console.print(results_table([summary], title=f"Results: {run_dir}"))
+    if summary.get("tasks"):
+        console.print(task_table([summary], title="Per task"))
     for path in plot_paths:
         console.print(f"plot: {path}")
     return {**summary, "plots": [str(path) for path in plot_paths]}

@@ -1,4 +1,4 @@
-"""The Ray actors: hosts of clients, the server, LPSs, and the graph service.
+"""The Ray actors: hosts of clients, the server, LPSs, task leaders and the graph service.
 
 Client, server and LPS actors are `ParticipantHost`s whose payloads go through
 Ray's object store: `put` is called in the sending actor and `get` in the
@@ -58,4 +58,15 @@ class GraphActor(ObjectStoreHost):
         return mixing_from_topology(kind, num_nodes, seed, params)
 
 
-ACTOR_OF_ROLE = {"client": ClientActor, "server": ServerActor, "lps": LPSActor}
+@ray.remote
+class LeaderActor(ObjectStoreHost):
+    """A task leader (ColNet): the cross-group duty of whichever client of the group holds
+    it this round. Light: started with no CPU slot."""
+
+
+ACTOR_OF_ROLE = {
+    "client": ClientActor,
+    "server": ServerActor,
+    "lps": LPSActor,
+    "leader": LeaderActor,
+}

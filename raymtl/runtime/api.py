@@ -64,7 +64,7 @@ def run_experiment(
     """Run every seed of `cfg` into a new (or given) run directory; returns it."""
     # A missing dataset or a partition the data cannot give is a one-line ConfigError
     # here, before Ray starts and before an empty run directory is left behind.
-    partition(cfg, cfg.seeds[0])
+    partition(cfg, cfg.seeds[0])  # also resolves the tasks and checks the algorithm takes them
     run_dir = Path(run_dir) if run_dir else new_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))

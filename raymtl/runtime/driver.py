@@ -22,10 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raymtl.algorithms.base import (
-    client_name,
-    role_of,
-)
+from raymtl.algorithms.base import HOLDER_TABLE, client_name, role_of
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import derive_seed
 from raymtl.config import ExperimentConfig
@@ -35,18 +32,37 @@ from raymtl.runtime.host import checkpoint_dir, latest_checkpoint
 from raymtl.runtime.router import Router
 from raymtl.runtime.setup import build_setup
 
-TIER = {"client": 0, "lps": 1, "server": 2}
+TIER = {"client": 0, "leader": 1, "lps": 1, "server": 2}
 
 
 def link_direction(row: dict) -> str | None:
-    """'down' towards the clients (server -> LPS -> client), 'up' otherwise (peers: up).
+    """'down' towards the clients (server -> LPS -> client, leader -> member), 'up' otherwise
+    (peers, and leader to leader: up).
 
-    Traffic with the graph service (a coordinator-side helper of the server) is
-    recorded in messages.parquet but is neither uplink nor downlink: None.
+    Two cases are recorded in messages.parquet but are neither uplink nor downlink (None):
+    traffic with the graph service (a coordinator-side helper of the server), and a hand-off
+    between a client and a role that same client holds (one machine: nothing on the wire).
     """
     if "graph" in (row["src_role"], row["dst_role"]):
         return None
+    if row.get("src_client") is not None and row.get("src_client") == row.get("dst_client"):
+        return None
     return "down" if TIER[row["src_role"]] > TIER[row["dst_role"]] else "up"
+
+
+def charged_client(participant: str, holders: dict[str, int]) -> int | None:
+    """The client whose link carries `participant`'s traffic (None: server, LPS, graph)."""
+    if role_of(participant) == "client":
+        return int(participant.split("/")[1])
+    return holders.get(participant)
+
+
+def charge(ledger: list[dict], holders: dict[str, int]) -> list[dict]:
+    """Each ledger row with the clients charged for its sending and receiving ends."""
+    for row in ledger:
+        row["src_client"] = charged_client(row["src"], holders)
+        row["dst_client"] = charged_client(row["dst"], holders)
+    return ledger
 
 
 def sample_clients(seed: int, round_index: int, num_clients: int, fraction: float) -> tuple:
@@ -57,13 +73,15 @@ def sample_clients(seed: int, round_index: int, num_clients: int, fraction: floa
 
 
 def round_bits(ledger: list[dict], num_clients: int) -> tuple[list[int], list[int]]:
-    """Per-client bits sent (up) and received (down) from one round's ledger."""
+    """Per-client bits sent (up) and received (down) from one round's charged ledger."""
     up, down = [0] * num_clients, [0] * num_clients
     for row in ledger:
-        if row["src_role"] == "client":
-            up[int(row["src"].split("/")[1])] += row["bits"]
-        if row["dst_role"] == "client":
-            down[int(row["dst"].split("/")[1])] += row["bits"]
+        if link_direction(row) is None:
+            continue
+        if row["src_client"] is not None:
+            up[row["src_client"]] += row["bits"]
+        if row["dst_client"] is not None:
+            down[row["dst_client"]] += row["bits"]
     return up, down
 
 
@@ -127,16 +145,19 @@ class Driver:
         """All phases of one round, then evaluation; returns the round's row."""
         n = setup.federation.num_clients
         sampled = sample_clients(seed, round_index, n, self.params.sample_fraction)
-        router = Router()
+        router, holders = Router(), {}
         for phase in self._algorithm.phases(round_index, self.cfg.rounds):
             inboxes = router.take(self._participants(phase, setup, sampled, router))
             envelopes, records = executor.run_phase(round_index, phase, inboxes, sampled)
             router.deliver(seed, round_index, envelopes)
             for table, row in records:
-                self.recorder.add_rows(table, [{"seed": seed, "round": round_index, **row}])
+                if table == HOLDER_TABLE:  # who holds a role (a task leader) this round
+                    holders[row["participant"]] = row["client"]
+                else:
+                    self.recorder.add_rows(table, [{"seed": seed, "round": round_index, **row}])
         if router.undelivered():
             raise RuntimeError(f"round {round_index}: messages left undelivered")
-        ledger = router.drain_ledger()
+        ledger = charge(router.drain_ledger(), holders)
         self.recorder.add_messages(ledger)
         up = sum(r["bits"] for r in ledger if link_direction(r) == "up")
         down = sum(r["bits"] for r in ledger if link_direction(r) == "down")
@@ -173,7 +194,8 @@ class Driver:
             i = client_row["client"]
             client_row.update(seed=seed, round=round_index, bits_up=up[i], bits_down=down[i])
         self.recorder.add_clients(clients)
-        stats = fairness_stats([r["accuracy"] for r in clients])
+        # Accuracy is over the clients whose task has it (classification); NaN when none.
+        stats = fairness_stats([r["accuracy"] for r in clients if "accuracy" in r])
         return {
             "mean_accuracy": stats["mean"],
             "worst10_accuracy": stats["worst10"],

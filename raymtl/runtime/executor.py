@@ -19,6 +19,10 @@ from raymtl.runtime.router import Envelope
 
 log = logging.getLogger(__name__)
 
+# Roles whose state is rebuilt from each round's messages, so a lost host is replaced
+# mid-run (no rollback): ColNet's task leaders, a duty that passes between clients anyway.
+REHOSTABLE_ROLES = ("leader",)
+
 
 class Executor(ABC):
     """Starts hosts, runs phases on them, gathers metrics and checkpoints."""
@@ -27,6 +31,7 @@ class Executor(ABC):
         self.runtime = runtime
         self.hosts: dict[str, object] = {}
         self.members: dict[str, tuple[str, ...]] = {}  # host name -> participants
+        self.specs: dict[str, HostSpec] = {}
 
     @abstractmethod
     def clients_per_actor(self, num_clients: int) -> int: ...
@@ -46,6 +51,7 @@ class Executor(ABC):
         for name, spec in specs.items():
             self.hosts[name] = self._start_host(name, role_of(spec.participants[0]), spec)
             self.members[name] = spec.participants
+            self.specs[name] = spec
 
     def run_phase(
         self, round_index: int, phase: Phase, inboxes: dict, sampled: tuple[int, ...]
@@ -79,6 +85,7 @@ class Executor(ABC):
     def shutdown(self) -> None:
         self.hosts.clear()
         self.members.clear()
+        self.specs.clear()
 
 
 class InlineExecutor(Executor):
@@ -118,6 +125,7 @@ class RayExecutor(Executor):
         # `ray list actors`; the tag keeps concurrent runs on one cluster apart.
         self.tag = uuid.uuid4().hex[:8]
         self.graph = GraphActor.options(name=f"raymtl-{self.tag}-graph").remote()
+        self.rehosted: dict[str, int] = {}  # host name -> replacements so far
 
     def clients_per_actor(self, num_clients: int) -> int:
         limit = self.runtime.clients_per_actor
@@ -164,9 +172,24 @@ class RayExecutor(Executor):
                 results[name] = self._ray.get(ref)
             except self._ray.exceptions.RayActorError as error:
                 log.warning("host %s failed during %s: %s", name, method, error)
-                failed.append(name)
+                if role_of(self.members[name][0]) in REHOSTABLE_ROLES:
+                    results[name] = self._rehost(name, method, calls[name])
+                else:
+                    failed.append(name)
         self._check_quorum(calls, failed)
         return results
+
+    def _rehost(self, name: str, method: str, args: tuple):
+        """Start a new host for a lost one whose roles can move (a task leader) and repeat
+        the call there; the algorithm's `rehost` decides who takes the role over."""
+        self.rehosted[name] = self.rehosted.get(name, 0) + 1
+        spec = self.specs[name]
+        role = role_of(spec.participants[0])
+        handle = self._start_host(f"{name}-r{self.rehosted[name]}", role, spec)
+        self._ray.get(handle.rehost.remote())
+        self.hosts[name] = handle
+        log.warning("host %s replaced (%d); repeating %s", name, self.rehosted[name], method)
+        return self._ray.get(getattr(handle, method).remote(*args))
 
     def _check_quorum(self, calls: dict, failed: list[str]) -> None:
         """A call proceeds when enough of the participants it reached answered."""

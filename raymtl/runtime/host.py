@@ -101,7 +101,10 @@ class ParticipantHost:
         pool = load_pool(
             data_cfg.name, data_cfg.root, data_cfg.download, self.spec.seed, **data_cfg.params
         )
-        data = materialize(pool, self.spec.shards[participant], self.spec.seed)
+        shard = self.spec.shards[participant]
+        federation = self.spec.federation
+        task = federation.task_specs[shard.task] if federation.task_specs else None
+        data = materialize(pool, shard, self.spec.seed, task)
         if self.spec.device != "cpu":
             for name in ("train_x", "train_y", "test_x", "test_y"):
                 setattr(data, name, getattr(data, name).to(self.spec.device))
@@ -149,13 +152,14 @@ class ParticipantHost:
         return outgoing, records
 
     def evaluate(self) -> list[dict]:
-        """Loss and accuracy of every hosted client on its own test split."""
+        """Loss and the task's metrics of every hosted client on its own test split."""
         rows = []
         for participant, state in self.states.items():
             if role_of(participant) != "client":
                 continue
             data, shard = state.data, self.spec.shards[participant]
-            metrics = evaluate(self.algorithm.eval_model(state), data.test_x, data.test_y)
+            model = self.algorithm.eval_model(state)
+            metrics = evaluate(model, data.test_x, data.test_y, data.task)
             rows.append(
                 {
                     "client": shard.client_id,
@@ -164,9 +168,16 @@ class ParticipantHost:
                     "test_samples": len(data.test_y),
                     "group": shard.group,
                     "task": shard.task,
+                    "task_name": data.task.name if data.task else "label",
                 }
             )
         return rows
+
+    def rehost(self) -> bool:
+        """This host replaces one that was lost: the algorithm takes its roles over."""
+        for participant, state in self.states.items():
+            self.states[participant] = self.algorithm.rehost(participant, state)
+        return True
 
     def save(self, directory: str) -> None:
         """Write each hosted participant's state (model + extras) under `directory`."""

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from raymtl.algorithms.base import SERVER, Federation, client_name, lps_name
+from raymtl.algorithms.base import SERVER, Federation, client_name, leader_name, lps_name
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.runtime.executor import Executor
 from raymtl.runtime.host import HostSpec
+from raymtl.tasks.assign import assign_tasks
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,11 @@ class Setup:
 
 
 def partition(cfg: ExperimentConfig, seed: int):
-    """The clients' shards (indices into the source) and the source's shape."""
+    """The source, the clients' shards (indices, task of each client) and the tasks.
+
+    Every failure (missing data, a partition the data cannot give, tasks that do not fit
+    the source or the algorithm) is one ConfigError line, before any actor starts.
+    """
     from raymtl.data import load_pool, partition_clients
 
     data = cfg.data
@@ -39,15 +44,29 @@ def partition(cfg: ExperimentConfig, seed: int):
             seed=seed,
             **data.partition.model_dump(),
         )
+        shards, specs = assign_tasks(cfg, pool, shards)
     except ValueError as error:  # bad partition for this dataset: a config error
         raise ConfigError(str(error).splitlines()[0]) from None
-    return pool, shards
+    check_task_support(cfg, specs)
+    return pool, shards, specs
+
+
+def check_task_support(cfg: ExperimentConfig, specs) -> None:
+    """An algorithm that averages whole models refuses clients with different tasks."""
+    from raymtl.tasks.spec import tasks_differ
+
+    if tasks_differ(specs) and get_algorithm(cfg.algorithm.name).task_support != "different":
+        kinds = ", ".join(f"{s.name} ({s.targets}, {s.outputs} outputs)" for s in specs)
+        raise ConfigError(
+            f"algorithm.name: {cfg.algorithm.name} averages whole models and cannot run "
+            f"clients with different tasks: {kinds}"
+        )
 
 
 def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: Path) -> Setup:
     """Partition the data, build the topology and lay participants out on hosts."""
-    pool, shards = partition(cfg, seed)
-    federation = build_federation(cfg, seed, executor, pool, shards)
+    pool, shards, specs = partition(cfg, seed)
+    federation = build_federation(cfg, seed, executor, pool, shards, specs)
     check_model(cfg, federation)
     by_name = {client_name(s.client_id): s for s in shards}
     specs = {
@@ -66,18 +85,17 @@ def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: 
     return Setup(federation, by_name, specs)
 
 
-def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool, shards):
-    """The federation's metadata: sizes, classes, tasks, peer graph (graph service), LPSs."""
+def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool, shards, specs):
+    """The federation's metadata: sizes, tasks and heads, peer graph (graph service), LPSs."""
     n = cfg.data.num_clients
     return Federation(
         num_clients=n,
         samples=tuple(len(s.train_idx) for s in shards),
-        num_classes=tuple(
-            len(s.task_classes) if s.task_classes else pool.num_classes for s in shards
-        ),
+        num_classes=tuple(specs[s.task].outputs for s in shards),
         input_shape=tuple(pool.x.shape[1:]),
         tasks=tuple(s.task for s in shards),
         groups=tuple(s.group for s in shards),
+        task_specs=tuple(specs),
         mixing=executor.peer_mixing(cfg.topology.kind, n, seed, cfg.topology.params)
         if cfg.shape() == "peer"
         else None,
@@ -106,8 +124,12 @@ def host_layout(cfg: ExperimentConfig, federation: Federation, executor: Executo
     }
     if cfg.shape() in ("star", "hierarchical"):
         layout["server"] = [SERVER]
-    if get_algorithm(cfg.algorithm.name).uses_graph:
+    algorithm = get_algorithm(cfg.algorithm.name)
+    if algorithm.uses_graph:
         layout["graph"] = ["graph"]
+    if algorithm.uses_leaders:  # one light leader host per task group
+        for group in federation.task_groups():
+            layout[f"leader-{group}"] = [leader_name(group)]
     for k in range(federation.num_lps):
         layout[f"lps-{k}"] = [lps_name(k)]
     return layout

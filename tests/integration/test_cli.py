@@ -24,6 +24,20 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     assert len(lines) == 1 and "classes_per_client" in lines[0], result.stderr
 
 
+def test_fedavg_on_clients_with_different_tasks_is_refused_in_one_line(tmp_path):
+    tasks = [
+        {"name": "attributes", "targets": "attributes", "clients": 3},
+        {"name": "landmarks", "targets": "landmarks", "clients": 3},
+    ]
+    path = write(tmp_path, **{"data.partition": {"kind": "iid"}, "data.tasks": tasks})
+    result = subprocess.run(
+        [sys.executable, "-m", "raymtl", "run", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "algorithm.name: fedavg averages whole models" in line and "colnet" in line
+
+
 def test_unknown_key_and_override_errors(tmp_path):
     runner = CliRunner()
     path = write(tmp_path)

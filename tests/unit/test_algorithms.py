@@ -121,13 +121,15 @@ def test_hfedavg_lps_sends_common_layers_only_on_global_rounds():
     hfedavg = make("hfedavg", global_every=2, common_prefixes=("head.weight",))
     federation = Federation(2, (1, 3), (2, 2), (1, 1, 2), lps_of_client=(0, 0), num_lps=1)
     lps = hfedavg.init_state("lps/0", None, federation)
+    user_model = hfedavg.model_factory(2)
     inbox = [
-        Message("client/0", "lps/0", "model", filled(lps.model, 0.0)),
-        Message("client/1", "lps/0", "model", filled(lps.model, 4.0)),
+        Message("client/0", "lps/0", "model", filled(user_model, 0.0)),
+        Message("client/1", "lps/0", "model", filled(user_model, 4.0)),
     ]
     lps, outbox = hfedavg.aggregate(lps, inbox, context("lps/0", federation, round_index=1))
     assert outbox == []
-    assert torch.allclose(lps.model.state_dict()["head.bias"], torch.full((2,), 3.0))
+    (head_bias,) = lps.extras["model"]["head.bias"].values()  # one task: one average
+    assert torch.allclose(head_bias, torch.full((2,), 3.0))
     _, outbox = hfedavg.aggregate(lps, inbox, context("lps/0", federation, round_index=2))
     assert [(m.dst, list(m.tensors)) for m in outbox] == [("server", ["head.weight"])]
     assert [p.step for p in hfedavg.phases(1, 10)] == ["train", "aggregate", "broadcast", "receive"]

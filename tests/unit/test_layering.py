@@ -23,7 +23,7 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("package", ["algorithms", "graph", "data", "models", "metrics"])
+@pytest.mark.parametrize("package", ["algorithms", "graph", "data", "models", "metrics", "tasks"])
 def test_pure_packages_never_import_ray(package):
     offenders = [
         str(path.relative_to(PACKAGE))

@@ -1,0 +1,116 @@
+"""Client shards and the pieces every partition kind shares to build them.
+
+Both the label-skew kinds (partitions.py) and the majority-task splits (task_splits.py) use
+these: size/quantity validation, rotation/mask groups, quantity weights, the per-client
+stratified train/test split and its size check, and the `ClientShard` they all return.
+This module imports neither of them, so partitions.py -> task_splits.py -> shards.py has no
+cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Every client needs at least this many train / test samples.
+MIN_TRAIN, MIN_TEST = 2, 1
+QUANTITIES = ("equal", "lognormal", "powerlaw")
+
+
+@dataclass(frozen=True)
+class ClientShard:
+    """One client's slice of the pool: sample indices plus its group and task."""
+
+    client_id: int
+    train_idx: np.ndarray  # indices into the pool
+    test_idx: np.ndarray  # indices into the pool, stratified like train
+    group: int  # rotation/mask group (0 when none)
+    rotation: int  # degrees, multiple of 90
+    mask_prob: float  # probability of dropping each 2x2 patch
+    task: int  # task id (0 when no task groups)
+    task_classes: tuple[int, ...] | None  # original class ids of the task; None = no relabel
+
+
+def fail(field: str, problem: str) -> ValueError:
+    """The error for a bad `partition.<field>` setting (returned, for the caller to raise)."""
+    return ValueError(f"partition.{field}: {problem}")
+
+
+def validate_sizes(quantity, sigma, exponent, test_fraction, max_samples) -> None:
+    """Check the quantity skew, the test fraction and the per-client sample cap."""
+    if quantity not in QUANTITIES:
+        raise fail("quantity", f"{quantity!r} is not one of {', '.join(QUANTITIES)}")
+    if quantity == "lognormal" and not sigma > 0:
+        raise fail("quantity_sigma", f"{sigma} must be > 0")
+    if quantity == "powerlaw" and not exponent > 0:
+        raise fail("quantity_exponent", f"{exponent} must be > 0")
+    if not 0 < test_fraction < 1:
+        raise fail("test_fraction", f"{test_fraction} must be in (0, 1)")
+    if max_samples is not None and max_samples < MIN_TRAIN + MIN_TEST:
+        raise fail("max_samples_per_client", f"{max_samples} must be >= {MIN_TRAIN + MIN_TEST}")
+
+
+def group_settings(rotations, mask_probs) -> list[tuple[int, float]]:
+    """(rotation, mask_prob) per group; groups come from whichever list is given."""
+    if rotations is None and mask_probs is None:
+        return []
+    if rotations is not None and mask_probs is not None and len(rotations) != len(mask_probs):
+        raise fail("mask_probs", f"{len(mask_probs)} values but rotations has {len(rotations)}")
+    rotations = list(rotations) if rotations is not None else [0] * len(mask_probs)
+    mask_probs = list(mask_probs) if mask_probs is not None else [0.0] * len(rotations)
+    if not rotations:
+        raise fail("rotations", "must list at least one group")
+    for degrees in rotations:
+        if int(degrees) != degrees or degrees % 90:
+            raise fail("rotations", f"{degrees} is not a multiple of 90")
+    for prob in mask_probs:
+        if not 0 <= prob < 1:
+            raise fail("mask_probs", f"{prob} must be in [0, 1)")
+    return list(zip(map(int, rotations), map(float, mask_probs), strict=True))
+
+
+def quantity_weights(quantity: str, num_clients: int, sigma: float, exponent: float, rng):
+    """Relative client sizes: all 1 ("equal"), lognormal(0, sigma), or a shuffled power law."""
+    if quantity == "lognormal":
+        return rng.lognormal(0.0, sigma, num_clients)
+    if quantity == "powerlaw":
+        return rng.permutation(np.arange(1, num_clients + 1, dtype=float) ** -exponent)
+    return np.ones(num_clients)
+
+
+def train_test_split(idx, labels, test_fraction: float, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Per class: shuffle, then test gets round(n * test_fraction), clipped to [1, n - 1]."""
+    train, test = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    for label in np.unique(labels[idx]):
+        members = rng.permutation(idx[labels[idx] == label])
+        n_test = min(max(round(members.size * test_fraction), 1), members.size - 1)
+        test.append(members[:n_test])
+        train.append(members[n_test:])
+    train_idx, test_idx = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+    if test_idx.size == 0 and train_idx.size > MIN_TRAIN:  # only singleton classes
+        moved = rng.integers(train_idx.size)
+        test_idx, train_idx = train_idx[moved : moved + 1], np.delete(train_idx, moved)
+    return train_idx, test_idx
+
+
+def check_client_size(client: int, train: np.ndarray, test: np.ndarray, quantity: str) -> None:
+    """Raise unless the client holds at least MIN_TRAIN train and MIN_TEST test samples."""
+    if train.size < MIN_TRAIN or test.size < MIN_TEST:
+        field = "quantity" if quantity != "equal" else "num_clients"
+        got = f"client {client} gets {train.size} train / {test.size} test samples"
+        raise fail(field, f"{got}, needs {MIN_TRAIN} / {MIN_TEST}; use fewer clients or skew")
+
+
+def make_shard(
+    client: int,
+    train: np.ndarray,
+    test: np.ndarray,
+    groups: list[tuple[int, float]],
+    task: int = 0,
+    task_classes: tuple[int, ...] | None = None,
+) -> ClientShard:
+    """The client's shard; its rotation/mask group is client % len(groups) (none if empty)."""
+    group = client % len(groups) if groups else 0
+    rotation, mask_prob = groups[group] if groups else (0, 0.0)
+    return ClientShard(client, train, test, group, rotation, mask_prob, task, task_classes)

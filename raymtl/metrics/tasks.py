@@ -1,0 +1,112 @@
+"""Per-task figures: a federation whose clients solve different tasks is judged per task.
+
+Each task has its own metrics (clients.parquet: accuracy for classification, micro
+precision/recall/F1 for multi-label attributes, MSE/MAE for regression). Per seed, a task's
+figure is the mean over its clients at the seed's last evaluated round; summary.json gives
+mean ± std over seeds under "tasks".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+from rich.table import Table
+
+from raymtl.metrics.plots import add_legend_if_labelled, draw_band, save_figure
+
+TASK_METRICS = ("accuracy", "precision", "recall", "f1", "mse", "mae")
+# The figure a task is judged by: the first of these its clients report (see tasks.spec).
+PRIMARY = ("accuracy", "f1", "mse")
+
+
+def has_tasks(clients: pd.DataFrame) -> bool:
+    """True when the clients' rows name tasks (runs before tasks existed have none)."""
+    return "task_name" in clients and clients["task_name"].notna().any()
+
+
+def metrics_of(rows: pd.DataFrame) -> list[str]:
+    """The loss and the metrics the task reports (non-null columns)."""
+    return ["loss", *(m for m in TASK_METRICS if m in rows and rows[m].notna().any())]
+
+
+def primary_metric(rows: pd.DataFrame) -> str:
+    reported = metrics_of(rows)
+    return next((m for m in PRIMARY if m in reported), "loss")
+
+
+def task_curves(clients: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Per round: mean over the task's clients, then mean/min/max over seeds."""
+    per_seed = clients.groupby(["round", "seed"])[[metric, "bits_up", "bits_down"]].agg(
+        {metric: "mean", "bits_up": "sum", "bits_down": "sum"}
+    )
+    per_seed["bits"] = per_seed["bits_up"] + per_seed["bits_down"]
+    per_seed["cum_bits"] = per_seed["bits"].groupby(level="seed").cumsum()
+    grouped = per_seed.groupby(level="round")
+    curves = grouped[metric].agg(["mean", "min", "max"])
+    curves["cum_bits"] = grouped["cum_bits"].mean()
+    return curves.sort_index()
+
+
+def task_summary(clients: pd.DataFrame) -> dict:
+    """task name -> {clients, metric (primary), final: {metric: {mean, std}}} over seeds."""
+    from raymtl.metrics.report import mean_and_std
+
+    summary = {}
+    evaluated = clients.dropna(subset=["loss"])
+    for name, rows in evaluated.groupby("task_name", sort=False):
+        last = rows[rows["round"] == rows.groupby("seed")["round"].transform("max")]
+        per_seed = last.groupby("seed")[metrics_of(rows)].mean()
+        summary[str(name)] = {
+            "clients": int(last.groupby("seed")["client"].nunique().max()),
+            "metric": primary_metric(rows),
+            "final": {m: mean_and_std(per_seed[m].tolist()) for m in per_seed.columns},
+        }
+    return summary
+
+
+def plot_task_comparison(clients_by_run: dict[str, pd.DataFrame], path: Path) -> Path | None:
+    """One row per task: its metric vs round | vs bits the task's clients sent and received."""
+    tasks = sorted({t for c in clients_by_run.values() if has_tasks(c) for t in c["task_name"]})
+    if not tasks:
+        return None
+    figure = Figure(figsize=(12, 4 * len(tasks)))
+    axes_rows = figure.subplots(len(tasks), 2, squeeze=False)
+    for (round_axes, bits_axes), task in zip(axes_rows, tasks, strict=True):
+        for label, clients in clients_by_run.items():
+            rows = clients[clients["task_name"] == task].dropna(subset=["loss"])
+            if rows.empty:
+                continue
+            metric = primary_metric(rows)
+            curves = task_curves(rows, metric)
+            draw_band(round_axes, curves.index.to_numpy(), curves, label)
+            with_bits = curves[curves["cum_bits"] > 0]
+            if not with_bits.empty:
+                draw_band(bits_axes, with_bits["cum_bits"].to_numpy(), with_bits, label)
+            for axes in (round_axes, bits_axes):
+                axes.set_ylabel(metric)
+        round_axes.set_title(f"task {task}: vs round")
+        round_axes.set_xlabel("round")
+        bits_axes.set_title(f"task {task}: vs bits of its clients (sent + received)")
+        bits_axes.set_xscale("log")
+        bits_axes.set_xlabel("cumulative bits")
+        for axes in (round_axes, bits_axes):
+            add_legend_if_labelled(axes)
+    return save_figure(figure, path)
+
+
+def task_table(summaries: list[dict], title: str) -> Table:
+    """One row per (experiment, task): loss and the task's metrics, mean ± std over seeds."""
+    table = Table(title=title, title_justify="left")
+    for header in ("Experiment", "Task", "Clients", "Loss", "Metric", "Value"):
+        table.add_column(header, justify="left" if header in ("Experiment", "Task") else "right")
+    for summary in summaries:
+        for task, figures in summary.get("tasks", {}).items():
+            final = figures["final"]
+            shown = ", ".join(m for m in final if m != "loss")
+            values = ", ".join(f"{final[m]['mean']:.4f}±{final[m]['std']:.4f}" for m in final
+                               if m != "loss")  # fmt: skip
+            loss = f"{final['loss']['mean']:.4f}±{final['loss']['std']:.4f}"
+            table.add_row(summary["algorithm"], task, str(figures["clients"]), loss, shown, values)
+    return table

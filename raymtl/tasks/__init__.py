@@ -1,0 +1,1 @@
+"""Tasks: what a client learns (targets, loss, optimiser, metrics)."""

@@ -1,0 +1,89 @@
+"""Which task each client solves, and the resolved `TaskSpec` of every task.
+
+    data.tasks empty        every partition task is a label task (relabelled to its classes
+                            when the partition relabels, e.g. task_groups)
+    one task                every client solves it (the partition's task ids are kept for
+                            the reports, e.g. majority-task splits)
+    several tasks           the partition's tasks (task_groups, *_tasks) map to them in order;
+                            otherwise clients are dealt to them in file order by `clients`
+
+Head sizes come from the targets: the classes of a label task, or the columns of the
+attribute / landmark tables the source's images give.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from raymtl.tasks.spec import LOSS_OF_TARGETS, METRICS_OF_LOSS, OptimizerSpec, TaskSpec, label_task
+
+
+def _fail(index: int, field: str, problem: str) -> ValueError:
+    return ValueError(f"data.tasks.{index}.{field}: {problem}")
+
+
+def target_outputs(pool, targets: str, label_classes) -> int:
+    """The head size a task's targets need on this pool."""
+    if targets == "label":
+        return len(label_classes) if label_classes else pool.num_classes
+    from raymtl.tasks.targets import TARGET_BUILDERS
+
+    return int(TARGET_BUILDERS[targets](pool).values.shape[1])
+
+
+def resolve_task(index: int, task, pool, label_classes) -> TaskSpec:
+    """A `data.tasks` entry (TaskConfig) resolved against the pool."""
+    outputs = target_outputs(pool, task.targets, label_classes)
+    if task.outputs is not None and task.outputs != outputs:
+        raise _fail(index, "outputs", f"{task.outputs}, but targets '{task.targets}' of this "
+                    f"dataset give {outputs}")  # fmt: skip
+    if task.targets != "label" and pool.x.shape[1] != 1:
+        raise _fail(index, "targets", f"'{task.targets}' needs grayscale images")
+    loss = LOSS_OF_TARGETS[task.targets]
+    optimizer = OptimizerSpec(**task.optimizer.model_dump()) if task.optimizer else None
+    return TaskSpec(
+        name=task.name,
+        targets=task.targets,
+        loss=loss,
+        outputs=outputs,
+        optimizer=optimizer,
+        metrics=tuple(task.metrics or METRICS_OF_LOSS[loss]),
+        label_classes=tuple(label_classes) if label_classes else None,
+    )
+
+
+def partition_tasks(shards) -> dict[int, tuple | None]:
+    """Task id -> its relabelled classes (None: all classes), as the partition gave them."""
+    return {shard.task: shard.task_classes for shard in sorted(shards, key=lambda s: s.task)}
+
+
+def assign_tasks(cfg, pool, shards) -> tuple[list, list[TaskSpec]]:
+    """The shards with their task ids set, and the TaskSpec of every task id."""
+    declared, by_partition = cfg.data.tasks, partition_tasks(shards)
+    if not declared:
+        name = "label" if len(by_partition) == 1 else "task{}"
+        specs = [
+            label_task(name.format(t), target_outputs(pool, "label", classes), classes)
+            for t, classes in sorted(by_partition.items())
+        ]
+        return shards, specs
+    if len(declared) == 1:  # one kind of task; a relabelling partition still sizes each head
+        specs = [resolve_task(0, declared[0], pool, classes) for _, classes in
+                 sorted(by_partition.items())]  # fmt: skip
+        if len(specs) > 1:
+            specs = [dataclasses.replace(s, name=f"{s.name}-{t}") for t, s in enumerate(specs)]
+        return shards, specs
+    if any(shard.rotation or shard.mask_prob for shard in shards) and any(
+        task.targets != "label" for task in declared
+    ):
+        raise ValueError("data.partition.rotations: attribute and landmark targets are "
+                         "computed on upright, unmasked images")  # fmt: skip
+    if len(by_partition) > 1:  # the partition decides who solves which task
+        if len(by_partition) != len(declared):
+            raise ValueError(f"data.tasks: {len(declared)} tasks, but partition "
+                             f"'{cfg.data.partition.kind}' has {len(by_partition)}")  # fmt: skip
+        specs = [resolve_task(t, task, pool, by_partition[t]) for t, task in enumerate(declared)]
+        return shards, specs
+    task_of = [t for t, task in enumerate(declared) for _ in range(task.clients)]
+    shards = [dataclasses.replace(shard, task=task_of[shard.client_id]) for shard in shards]
+    return shards, [resolve_task(t, task, pool, None) for t, task in enumerate(declared)]
