@@ -21,6 +21,9 @@ holder's own hand-offs to and from its role stay on its machine and are not coun
 Bits per round t < T, with |b| the backbone's bits and L groups:
     intra  Σ_g |M_g|(|M_g| − 1)·|b|,  deltas  L(L − 1)·|b|,  broadcast  Σ_g (|M_g| − 1)·|b|.
 
+`hca_base: round_start` adds U_g to b_g⁰ instead (FedHCA2's reading: the group's own delta
+then counts once, inside U_g, rather than twice); results/colnet.md measures both.
+
 The leader's state is rebuilt every round from its holder's hand-off (b̄_g and b_g⁰, which
 every member holds), so a lost leader host is replaced mid-run and the next member of the
 group takes the role (`rehost`). Baselines: `intra_group` (steps 1–2 only) and `fedper_ic`
@@ -30,6 +33,7 @@ group takes the role (`rehost`). Baselines: `intra_group` (steps 1–2 only) and
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -56,6 +60,11 @@ class ColNetParams(LocalTrainingParams):
     epochs: int = Field(2, ge=1, description="local epochs per round (E)")
     batch_size: int = Field(64, ge=1, description="local mini-batch size")
     ca_c: float = Field(0.4, ge=0, allow_inf_nan=False, description="HCA conflict aversion")
+    hca_base: Literal["group_mean", "round_start"] = Field(
+        "group_mean",
+        description="what U_g is added to: b̄_g (§4; Algorithm 1, line 18) or b_g⁰ (FedHCA2's "
+        "start-of-round reading: the group's own update then counts once, inside U_g)",
+    )
 
 
 def flatten(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -213,11 +222,16 @@ class ColNet(IntraGroup):
         return state, outbox
 
     def cross_group_backbone(self, group_mean, deltas, ctx) -> tuple[dict, list[float]]:
-        """ColNet: b̄_g + U_g, U_g = HCA over the groups' deltas (in group order)."""
+        """ColNet: b̄_g + U_g (or b_g⁰ + U_g), U_g = HCA over the groups' deltas in group order."""
         rows = torch.stack([flatten(deltas[g]) for g in sorted(deltas)])
         result = conflict_averse_update(rows, self.params.ca_c)
         update = unflatten(result.update, group_mean)
-        backbone = {name: group_mean[name] + update[name] for name in group_mean}
+        own = deltas[ctx.index]
+        from_start = self.params.hca_base == "round_start"
+        backbone = {
+            name: group_mean[name] - (own[name] if from_start else 0) + update[name]
+            for name in group_mean
+        }
         return backbone, [float(w) for w in result.weights]
 
     def note_leaders(self, state, inbox, ctx):

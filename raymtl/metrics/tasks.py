@@ -8,6 +8,7 @@ mean ± std over seeds under "tasks".
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,7 @@ from raymtl.metrics.plots import add_legend_if_labelled, draw_band, save_figure
 TASK_METRICS = ("accuracy", "precision", "recall", "f1", "mse", "mae")
 # The figure a task is judged by: the first of these its clients report (see tasks.spec).
 PRIMARY = ("accuracy", "f1", "mse")
+HIGHER_IS_BETTER = ("accuracy", "precision", "recall", "f1")
 
 
 def has_tasks(clients: pd.DataFrame) -> bool:
@@ -71,7 +73,7 @@ def plot_task_comparison(clients_by_run: dict[str, pd.DataFrame], path: Path) ->
     tasks = sorted({t for c in clients_by_run.values() if has_tasks(c) for t in c["task_name"]})
     if not tasks:
         return None
-    figure = Figure(figsize=(12, 4 * len(tasks)))
+    figure = Figure(figsize=(12, 4 * len(tasks)), layout="constrained")
     axes_rows = figure.subplots(len(tasks), 2, squeeze=False)
     for (round_axes, bits_axes), task in zip(axes_rows, tasks, strict=True):
         for label, clients in clients_by_run.items():
@@ -85,10 +87,14 @@ def plot_task_comparison(clients_by_run: dict[str, pd.DataFrame], path: Path) ->
             if not with_bits.empty:
                 draw_band(bits_axes, with_bits["cum_bits"].to_numpy(), with_bits, label)
             for axes in (round_axes, bits_axes):
-                axes.set_ylabel(metric)
+                axes.set_ylabel(
+                    metric + ("" if metric in HIGHER_IS_BETTER else " (lower is better)")
+                )
+                if metric not in HIGHER_IS_BETTER:  # errors span decades when a run diverges
+                    axes.set_yscale("log")
         round_axes.set_title(f"task {task}: vs round")
         round_axes.set_xlabel("round")
-        bits_axes.set_title(f"task {task}: vs bits of its clients (sent + received)")
+        bits_axes.set_title(f"task {task}: vs its clients' bits (sent + received; none: absent)")
         bits_axes.set_xscale("log")
         bits_axes.set_xlabel("cumulative bits")
         for axes in (round_axes, bits_axes):
@@ -97,16 +103,27 @@ def plot_task_comparison(clients_by_run: dict[str, pd.DataFrame], path: Path) ->
 
 
 def task_table(summaries: list[dict], title: str) -> Table:
-    """One row per (experiment, task): loss and the task's metrics, mean ± std over seeds."""
+    """One row per (experiment, task): loss and each metric the task reports, mean ± std over
+    seeds; blank where a metric does not apply to the task."""
+    tasks = [figures for summary in summaries for figures in summary.get("tasks", {}).values()]
+    reported = [m for m in TASK_METRICS if any(m in figures["final"] for figures in tasks)]
     table = Table(title=title, title_justify="left")
-    for header in ("Experiment", "Task", "Clients", "Loss", "Metric", "Value"):
-        table.add_column(header, justify="left" if header in ("Experiment", "Task") else "right")
-    for summary in summaries:
+    table.add_column("Experiment", no_wrap=True)
+    table.add_column("Task", no_wrap=True)
+    for header in ("N", "Loss", *reported):
+        table.add_column(header, justify="right", no_wrap=True)
+    labels = short_labels([summary["algorithm"] for summary in summaries])
+    for summary, label in zip(summaries, labels, strict=True):
         for task, figures in summary.get("tasks", {}).items():
             final = figures["final"]
-            shown = ", ".join(m for m in final if m != "loss")
-            values = ", ".join(f"{final[m]['mean']:.4f}±{final[m]['std']:.4f}" for m in final
-                               if m != "loss")  # fmt: skip
-            loss = f"{final['loss']['mean']:.4f}±{final['loss']['std']:.4f}"
-            table.add_row(summary["algorithm"], task, str(figures["clients"]), loss, shown, values)
+            cells = [f"{final[m]['mean']:.3g}±{final[m]['std']:.1g}" if m in final else ""
+                     for m in ("loss", *reported)]  # fmt: skip
+            table.add_row(label, task, str(figures["clients"]), *cells)
     return table
+
+
+def short_labels(names: list[str]) -> list[str]:
+    """Names without the prefix they all share up to a '-' (compare's '<file>-<value>')."""
+    prefix = os.path.commonprefix(names) if len(names) > 1 else ""
+    cut = prefix.rfind("-") + 1
+    return [name[cut:] or name for name in names]

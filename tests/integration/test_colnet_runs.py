@@ -153,8 +153,10 @@ def test_the_cifar10_job_runs_on_a_tiny_cifar10_in_torchvisions_format(tmp_path)
         images = rng.integers(0, 256, (20, 3072), dtype=np.uint8)
         write_pickle(folder / name, {"data": images, "labels": [i % 10 for i in range(20)]})
     write_pickle(folder / "batches.meta", {"label_names": [f"c{i}" for i in range(10)]})
-    overrides = [f"data.root={tmp_path}", "rounds=2", "seeds=[0]", "runtime.executor=inline",
-                 f"output.dir={tmp_path}", "output.plots=false", "algorithm.params.epochs=1"]  # fmt: skip
+    overrides = [
+        *(f"data.root={tmp_path}", "rounds=2", "seeds=[0]", "runtime.executor=inline"),
+        *(f"output.dir={tmp_path}", "output.plots=false", "algorithm.params.epochs=1"),
+    ]
     cfg = load_config(Path(__file__).parents[2] / "jobs" / "colnet_cifar10.yaml", overrides)
     run_dir = run_experiment(cfg)
     clients = pd.read_parquet(run_dir / "clients.parquet")

@@ -117,3 +117,14 @@ def test_flatten_and_unflatten_round_trip():
     assert vector.tolist() == [7.0, 0, 1, 2, 3, 4, 5]  # name order
     back = unflatten(vector, tensors)
     assert all(torch.equal(back[n], tensors[n]) for n in tensors)
+
+
+def test_hca_base_round_start_adds_the_update_to_the_start_of_the_round():
+    cls = get_algorithm("colnet")
+    colnet = cls(cls.Params(hca_base="round_start"), model_factory=None)
+    handed = hand_off("client/0", "leader/0", (2, 0), (1, 0))
+    state, _ = colnet.cross_exchange(State(), handed, context("leader/0"))
+    inbox = [Message("leader/1", "leader/0", "delta", backbone(0, 1))]
+    _, outbox = colnet.cross_aggregate(state, inbox, context("leader/0"))
+    expected = torch.tensor([1.0, 0.0]) + 0.7 / 1.16 * torch.ones(2)  # b⁰ + U
+    assert torch.allclose(outbox[0].tensors["backbone.w"], expected, atol=1e-5)
