@@ -36,7 +36,7 @@ import time
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raymtl.algorithms.base import (
     Algorithm,
@@ -65,6 +65,12 @@ class ColNetParams(LocalTrainingParams):
         description="what U_g is added to: b̄_g (§4; Algorithm 1, line 18) or b_g⁰ (FedHCA2's "
         "start-of-round reading: the group's own update then counts once, inside U_g)",
     )
+
+    @model_validator(mode="after")
+    def _every_client_every_round(self) -> ColNetParams:
+        if self.sample_fraction != 1.0:
+            raise ValueError("sample_fraction: every client trains every round here (use 1.0)")
+        return self
 
 
 def flatten(tensors: dict[str, torch.Tensor]) -> torch.Tensor:

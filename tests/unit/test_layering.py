@@ -39,3 +39,24 @@ def test_importing_the_algorithms_does_not_load_ray():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_the_data_package_has_no_import_circle():
+    """task_splits.py and partitions.py share shards.py; task_splits never imports partitions."""
+    data = PACKAGE / "data"
+    modules = {path.stem: imported_module_paths(path) for path in data.glob("*.py")}
+    assert "raymtl.data.partitions" not in modules["task_splits"]
+    assert "raymtl.data.partitions" not in modules["shards"]
+    assert "raymtl.data.task_splits" not in modules["shards"]
+
+
+def imported_module_paths(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return names
