@@ -117,7 +117,8 @@ class IntraGroup(Algorithm):
         return [Phase("client", "train", "all"), Phase("client", "intra_average", "all")]
 
     def train(self, state, inbox, ctx):
-        state.extras["round_start"] = model_tensors(state.model, BACKBONE)
+        if self.uses_leaders:  # b_g⁰, for the hand-off should this client hold the leadership
+            state.extras["round_start"] = model_tensors(state.model, BACKBONE)
         train_local_model(state, ctx, self.params)
         if ctx.round == ctx.rounds:  # the last round trains only
             return state, []

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from raymtl.algorithms.base import LocalTrainingParams
@@ -29,11 +28,6 @@ def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from any printable parts (independent of PYTHONHASHSEED)."""
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
-def cross_entropy_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Plain task loss: CE(model(x), y)."""
-    return F.cross_entropy(model(x), y)
 
 
 def params_optimizer(params: LocalTrainingParams) -> OptimizerSpec:
