@@ -69,6 +69,21 @@ def write_experiment(tmp_path, filename="experiment.yaml", **overrides):
     return path
 
 
+def kill_host_after_round(ray, host: str, after_round: int, restart: bool, killed: list):
+    """A progress callback that kills the actor of raymtl host `host` (e.g. 'clients-0',
+    'leader-0') once round `after_round` is complete; the actor's name goes to `killed`."""
+
+    def kill(seed, round_index, row):
+        if round_index != after_round:
+            return
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        (victim,) = [n for n in names if n.startswith("raymtl-") and n.endswith(f"-{host}")]
+        ray.kill(ray.get_actor(victim), no_restart=not restart)
+        killed.append(victim)
+
+    return kill
+
+
 @pytest.fixture
 def make_config(tmp_path):
     """Build a validated ExperimentConfig from dotted overrides."""

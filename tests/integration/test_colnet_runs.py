@@ -13,7 +13,7 @@ from raymtl.config import parse_config
 from raymtl.data.sources import DEBIAN_FASHION_MNIST_DIR
 from raymtl.models import build_model
 from raymtl.runtime import run_experiment
-from tests.conftest import digits_experiment
+from tests.conftest import digits_experiment, kill_host_after_round
 
 pytestmark = pytest.mark.ray
 
@@ -97,15 +97,7 @@ def test_leadership_rotates_and_heads_never_travel(ray_session, tmp_path):
 def test_the_group_goes_on_when_its_leader_actor_dies(ray_session, tmp_path):
     """max_restarts 0: the lost leader host is replaced and the next member leads."""
     killed = []
-
-    def kill_leader_after_round_one(seed, round_index, row):
-        if round_index != 1:
-            return
-        names = [a["name"] for a in ray_session.util.list_named_actors(all_namespaces=True)]
-        (victim,) = [n for n in names if n.startswith("raymtl-") and n.endswith("-leader-0")]
-        ray_session.kill(ray_session.get_actor(victim), no_restart=True)
-        killed.append(victim)
-
+    kill_leader_after_round_one = kill_host_after_round(ray_session, "leader-0", 1, False, killed)
     cfg = twin(tmp_path, **{"runtime.max_restarts": 0, "rounds": 4})
     run_dir = run_experiment(cfg, tmp_path / "run", progress=kill_leader_after_round_one)
     assert killed

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from raymtl.cli import app
 from raymtl.runtime import resume_experiment, run_experiment
 from raymtl.runtime.router import Envelope
-from tests.conftest import write_experiment
+from tests.conftest import kill_host_after_round, write_experiment
 
 pytestmark = pytest.mark.ray
 
@@ -130,15 +130,7 @@ def test_a_killed_client_actor_restarts_from_its_checkpoint(ray_session, make_co
     settings = {"runtime.executor": "ray", "rounds": 3, "checkpoint_every": 1}
     whole = run_experiment(make_config(**settings), tmp_path / "whole")
     killed = []
-
-    def kill_after_round_one(seed, round_index, row):
-        if round_index != 1:
-            return
-        names = [a["name"] for a in ray_session.util.list_named_actors(all_namespaces=True)]
-        (victim,) = [n for n in names if n.startswith("raymtl-") and n.endswith("-clients-0")]
-        ray_session.kill(ray_session.get_actor(victim), no_restart=False)
-        killed.append(victim)
-
+    kill_after_round_one = kill_host_after_round(ray_session, "clients-0", 1, True, killed)
     cfg = make_config(**settings, **{"runtime.max_restarts": 1})
     recovered = run_experiment(cfg, tmp_path / "recovered", progress=kill_after_round_one)
     assert killed
