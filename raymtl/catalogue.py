@@ -80,7 +80,11 @@ def catalogue_tables() -> list[Table]:
         ("(every kind)", "quantity skew, rotation/mask groups, per-client split", COMMON_PARTITION)
     ]
     models = [
-        (name, cls.description, ", ".join(f"{k}={v}" for k, v in cls.params.items()))
+        (
+            name,
+            f"{cls.description} ({parameter_counts(name)})",
+            ", ".join(f"{k}={v}" for k, v in cls.params.items()),
+        )
         for name, cls in MODELS.items()
     ]
     topologies = [
@@ -100,6 +104,19 @@ def catalogue_tables() -> list[Table]:
         table("topologies (topology.kind)", topologies),
         table("task targets (data.tasks[].targets)", task_rows()),
     ]
+
+
+def parameter_counts(name: str) -> str:
+    """The model's parameter count with 10 outputs on grey 28x28 and colour 32x32 images."""
+    from raymtl.models import build_model, num_params
+
+    counts = []
+    for shape, label in (((1, 28, 28), "1x28x28"), ((3, 32, 32), "3x32x32")):
+        try:
+            counts.append(f"{num_params(build_model(name, shape, 10)):,} on {label}")
+        except ValueError:
+            counts.append(f"- on {label}")
+    return "parameters: " + ", ".join(counts)
 
 
 def task_rows() -> list[tuple[str, str, str]]:

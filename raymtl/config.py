@@ -18,6 +18,7 @@ from raymtl.algorithms.base import Params
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.config_checks import (
     check_algorithm,
+    check_models,
     check_names,
     check_tasks,
     check_topology,
@@ -122,8 +123,38 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
+    """One model for every client (`name`, `params`), or models that differ per client."""
+
     name: str = "cnn_mnist"
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, description="parameters of `name`")
+    mix: dict[str, float] | None = Field(
+        None, description="model -> share of the clients, dealt seeded (e.g. small_cnn: 0.34)"
+    )
+    by_task: dict[str, str] | None = Field(None, description="task name -> its clients' model")
+    clients: list[str] | None = Field(None, description="the model of every client, in order")
+
+    @model_validator(mode="after")
+    def _one_way_to_differ(self) -> ModelConfig:
+        given = [f for f in ("mix", "by_task", "clients") if getattr(self, f) is not None]
+        if len(given) > 1:
+            raise ValueError(f"{given[1]}: give only one of mix, by_task, clients")
+        for model, share in (self.mix or {}).items():
+            if not share > 0 or share == float("inf"):
+                raise ValueError(f"mix: share of '{model}' must be a positive number")
+        return self
+
+    def names(self) -> set[str]:
+        """Every model name the section mentions."""
+        named = {self.name, *(self.mix or {}), *(self.by_task or {}).values()}
+        return named | set(self.clients or ())
+
+    def differ(self) -> bool | None:
+        """Whether clients train different models (None: by_task, decided at set-up)."""
+        if self.mix is not None:
+            return len(self.mix) > 1
+        if self.clients is not None:
+            return len(set(self.clients)) > 1
+        return None if self.by_task else False
 
 
 class AlgorithmConfig(Section):
@@ -180,6 +211,7 @@ class ExperimentConfig(Section):
         check_algorithm(self)
         check_topology(self)
         check_tasks(self)
+        check_models(self)
         return self
 
     def shape(self) -> str:

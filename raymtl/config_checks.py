@@ -27,12 +27,13 @@ def check_names(cfg: ExperimentConfig) -> None:
     from raymtl.data import SOURCES
     from raymtl.models import MODELS
 
-    for field, name, registry in (
-        ("data.name", cfg.data.name, SOURCES),
-        ("model.name", cfg.model.name, MODELS),
-    ):
+    named = [("data.name", cfg.data.name, SOURCES), ("model.name", cfg.model.name, MODELS)]
+    named += [("model", name, MODELS) for name in sorted(cfg.model.names())]
+    for field, name, registry in named:
         if name not in registry:
             raise ValueError(f"{field}: '{name}' is not one of {', '.join(sorted(registry))}")
+    if cfg.model.differ() is not False and cfg.model.params:
+        raise ValueError("model.params: only for one model.name (models that differ use defaults)")
 
 
 def check_algorithm(cfg: ExperimentConfig) -> None:
@@ -49,6 +50,22 @@ def check_algorithm(cfg: ExperimentConfig) -> None:
             f"topology.kind: {cfg.algorithm.name} runs on {'/'.join(algorithm.shapes)}, "
             f"not '{cfg.topology.kind}'"
         )
+
+
+def check_models(cfg: ExperimentConfig) -> None:
+    """An algorithm that needs one architecture refuses clients whose models differ."""
+    algorithm = get_algorithm(cfg.algorithm.name)
+    if cfg.model.differ() and algorithm.model_support != "different":
+        raise ValueError(models_refused(cfg.algorithm.name))
+
+
+def models_refused(name: str) -> str:
+    """The one line that refuses different models for algorithm `name`."""
+    accepting = [n for n, a in all_algorithms().items() if a.model_support == "different"]
+    return (
+        f"algorithm.name: {name} needs every client to train the same model architecture "
+        f"(model.mix / by_task / clients); use {', '.join(accepting)}"
+    )
 
 
 def declared_tasks_differ(cfg: ExperimentConfig) -> bool:

@@ -107,6 +107,7 @@ class Federation:
     tasks: tuple[int, ...] = ()  # task (group) of each client: index into task_specs
     groups: tuple[int, ...] = ()  # rotation/mask group of each client
     task_specs: tuple[TaskSpec, ...] = ()  # what each task learns (targets, loss, head, ...)
+    models: tuple[str, ...] = ()  # the model (registry name) each client trains; () = one for all
 
     def neighbours(self, client: int) -> list[int]:
         """Peers of `client` in the communication graph (self excluded)."""
@@ -203,6 +204,9 @@ class Algorithm:
     # "labels" (the same classification task: the maths uses class labels), or "different"
     # (only a shared backbone travels: heads, losses and optimisers may differ per task).
     task_support: ClassVar[str] = "same"
+    # "same": every client trains one architecture (tensors are averaged by name and shape);
+    # "different": clients' models may differ (nothing of a model is averaged across them).
+    model_support: ClassVar[str] = "same"
 
     def __init__(self, params: Params, model_factory):
         self.params = params

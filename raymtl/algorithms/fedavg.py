@@ -99,6 +99,7 @@ class Local(Algorithm):
     summary = "Local: every client trains alone on its own data (no communication)"
     shapes = ("none", "star", "groups")
     task_support = "different"
+    model_support = "different"
 
     def phases(self, round_index, rounds):
         return [Phase("client", "train", "all")]

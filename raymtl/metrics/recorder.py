@@ -30,6 +30,8 @@ CLIENTS_SCHEMA = pa.schema(
         ("f1", pa.float64()),
         ("mse", pa.float64()),
         ("mae", pa.float64()),
+        ("model", pa.string()),  # the client's model (registry name) and its parameter count
+        ("model_params", pa.int64()),
     ]
 )
 

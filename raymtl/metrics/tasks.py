@@ -24,8 +24,12 @@ HIGHER_IS_BETTER = ("accuracy", "precision", "recall", "f1")
 
 
 def has_tasks(clients: pd.DataFrame) -> bool:
-    """True when the clients' rows name tasks (runs before tasks existed have none)."""
-    return "task_name" in clients and clients["task_name"].notna().any()
+    """True when the run is worth reading per task: several tasks, or a task that is not
+    classification (one classification task is the run's own accuracy figures)."""
+    if "task_name" not in clients or not clients["task_name"].notna().any():
+        return False  # runs written before tasks existed
+    other_metrics = any(clients[m].notna().any() for m in ("f1", "mse") if m in clients)
+    return clients["task_name"].nunique() > 1 or other_metrics
 
 
 def metrics_of(rows: pd.DataFrame) -> list[str]:

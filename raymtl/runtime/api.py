@@ -11,7 +11,7 @@ from raymtl.config import ConfigError, ExperimentConfig, dump_config, load_confi
 from raymtl.metrics import plot_run, summarize
 from raymtl.runtime.driver import Driver
 from raymtl.runtime.executor import InlineExecutor, RayExecutor
-from raymtl.runtime.setup import partition
+from raymtl.runtime.setup import check_federation
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def run_experiment(
     """Run every seed of `cfg` into a new (or given) run directory; returns it."""
     # A missing dataset or a partition the data cannot give is a one-line ConfigError
     # here, before Ray starts and before an empty run directory is left behind.
-    partition(cfg, cfg.seeds[0])  # also resolves the tasks and checks the algorithm takes them
+    check_federation(cfg)  # partition, tasks and models: what the algorithm can run
     run_dir = Path(run_dir) if run_dir else new_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))

@@ -14,11 +14,20 @@ from pathlib import Path
 
 import torch
 
-from raymtl.algorithms.base import Federation, Phase, State, StepContext, payload_bits, role_of
+from raymtl.algorithms.base import (
+    Federation,
+    Phase,
+    State,
+    StepContext,
+    index_of,
+    payload_bits,
+    role_of,
+)
 from raymtl.algorithms.base import Message as AlgorithmMessage
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import derive_seed, evaluate
 from raymtl.config import ExperimentConfig
+from raymtl.models.registry import num_params
 from raymtl.runtime.router import Envelope
 
 log = logging.getLogger(__name__)
@@ -65,10 +74,12 @@ class ParticipantHost:
         self.config = ExperimentConfig.model_validate(spec.config)
         algorithm_cls = get_algorithm(self.config.algorithm.name)
         self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self._build_model)
-        self.states: dict[str, State] = {
-            p: self.algorithm.init_state(p, self._client_data(p), spec.federation)
-            for p in spec.participants
-        }
+        self.states: dict[str, State] = {}
+        for participant in spec.participants:  # a client's model is the one it was given
+            self._building = participant
+            data = self._client_data(participant)
+            self.states[participant] = self.algorithm.init_state(participant, data, spec.federation)
+        self._building = None
         if spec.checkpoint_root:
             last = latest_checkpoint(Path(spec.checkpoint_root))
             if last:
@@ -81,15 +92,21 @@ class ParticipantHost:
     def get(self, payloads: list) -> list[dict[str, torch.Tensor]]:
         return payloads
 
+    def model_name(self, participant: str | None) -> str:
+        """The model `participant` trains (clients may differ; other roles: model.name)."""
+        models = self.spec.federation.models
+        if participant is None or role_of(participant) != "client" or not models:
+            return self.config.model.name
+        return models[index_of(participant)]
+
     def _build_model(self, num_classes: int):
         from raymtl.models import build_model
 
-        # Same seed for every participant: all models of a run start from one init.
+        # Same seed for every participant: all models of one architecture start from one init.
         torch.manual_seed(derive_seed(self.spec.seed, "model-init"))
-        model_cfg = self.config.model
-        model = build_model(
-            model_cfg.name, self.spec.federation.input_shape, num_classes, **model_cfg.params
-        )
+        name = self.model_name(getattr(self, "_building", None))
+        params = self.config.model.params if name == self.config.model.name else {}
+        model = build_model(name, self.spec.federation.input_shape, num_classes, **params)
         return model.to(self.spec.device)
 
     def _client_data(self, participant: str):
@@ -169,6 +186,8 @@ class ParticipantHost:
                     "group": shard.group,
                     "task": shard.task,
                     "task_name": data.task.name if data.task else "label",
+                    "model": self.model_name(participant),
+                    "model_params": num_params(model),
                 }
             )
         return rows

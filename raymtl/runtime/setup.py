@@ -51,6 +51,12 @@ def partition(cfg: ExperimentConfig, seed: int):
     return pool, shards, specs
 
 
+def check_federation(cfg: ExperimentConfig) -> None:
+    """Everything about the first seed's federation that can fail, before Ray starts."""
+    pool, shards, specs = partition(cfg, cfg.seeds[0])
+    client_models(cfg, cfg.seeds[0], shards, specs)
+
+
 def check_task_support(cfg: ExperimentConfig, specs) -> None:
     """An algorithm that averages whole models refuses clients with different tasks."""
     from raymtl.tasks.spec import tasks_differ
@@ -96,6 +102,7 @@ def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool,
         tasks=tuple(s.task for s in shards),
         groups=tuple(s.group for s in shards),
         task_specs=tuple(specs),
+        models=client_models(cfg, seed, shards, specs),
         mixing=executor.peer_mixing(cfg.topology.kind, n, seed, cfg.topology.params)
         if cfg.shape() == "peer"
         else None,
@@ -103,16 +110,35 @@ def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool,
     )
 
 
-def check_model(cfg: ExperimentConfig, federation: Federation) -> None:
-    """Build the model once here, so a bad `model.params` fails before any actor starts."""
-    from raymtl.models import build_model
+def client_models(cfg: ExperimentConfig, seed: int, shards, specs) -> tuple[str, ...]:
+    """The model each client trains (`model.mix` / `by_task` / `clients`, or one for all)."""
+    from raymtl.config_checks import models_refused
+    from raymtl.models.assign import assign_models
 
+    model = cfg.model
     try:
-        build_model(
-            cfg.model.name, federation.input_shape, max(federation.num_classes), **cfg.model.params
-        )
+        models = assign_models(
+            len(shards), model.name, seed=seed, mix=model.mix, by_task=model.by_task,
+            clients=model.clients, task_names=tuple(specs[s.task].name for s in shards),
+        )  # fmt: skip
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
+    if len(set(models)) > 1 and get_algorithm(cfg.algorithm.name).model_support != "different":
+        raise ConfigError(models_refused(cfg.algorithm.name))
+    return models
+
+
+def check_model(cfg: ExperimentConfig, federation: Federation) -> None:
+    """Build every model once here, so bad `model.params` or a model that does not fit the
+    input fails before any actor starts."""
+    from raymtl.models import build_model
+
+    for name in sorted(set(federation.models)):
+        params = cfg.model.params if name == cfg.model.name else {}
+        try:
+            build_model(name, federation.input_shape, max(federation.num_classes), **params)
+        except ValueError as error:
+            raise ConfigError(str(error).splitlines()[0]) from None
 
 
 def host_layout(cfg: ExperimentConfig, federation: Federation, executor: Executor) -> dict:

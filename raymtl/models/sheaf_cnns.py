@@ -1,0 +1,94 @@
+"""The three CNNs of Sheaf-FMTL's heterogeneous-model experiment (Sec. 4.3 and Table 2).
+
+Table 2 (R-MNIST and H-CIFAR-10 alike): small = 1 conv layer (16 filters) + 1 FC layer;
+medium = 2 conv layers (24, 48) + 1 FC layer; large = 2 conv layers (32, 64) + 2 FC layers
+(120 hidden units). The paper names no kernel size or pooling, so every conv layer is the
+package's ``conv_relu_pool`` with a 5x5 kernel: 5x5 'same' conv - ReLU - 2x2 max pool.
+
+Convolutions live under ``backbone.features`` (the default common part in hierarchical FL),
+the large model's FC 120 under ``backbone.fc``, the last Linear(-> num_classes) is the head.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import ClassVar
+
+from torch import nn
+
+from raymtl.models.cnn import conv_backbone, conv_relu_pool
+from raymtl.models.registry import (
+    FedModel,
+    check_input_shape,
+    check_min_side,
+    flat_output_size,
+    register,
+)
+
+_KERNEL_SIZE = 5
+
+
+class _SheafCNN(FedModel):
+    """[conv5x5(width) - ReLU - maxpool2] per width, optional FC - ReLU; linear head."""
+
+    widths: ClassVar[tuple[int, ...]] = ()
+    fc_units: ClassVar[int] = 0  # width of the FC layer before the head (0: none)
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int) -> None:
+        input_shape = check_input_shape(input_shape)
+        check_min_side(self.name, input_shape, 2 ** len(self.widths))  # one 2x2 pool per conv
+        layers: list[nn.Module] = []
+        in_channels = input_shape[0]
+        for width in self.widths:
+            layers += conv_relu_pool(in_channels, width, _KERNEL_SIZE)
+            in_channels = width
+        features = nn.Sequential(*layers)
+        if self.fc_units:
+            backbone = conv_backbone(features, input_shape, self.fc_units)
+            feature_dim = self.fc_units
+        else:
+            backbone = nn.Sequential(OrderedDict(features=features, flatten=nn.Flatten()))
+            feature_dim = flat_output_size(features, input_shape)
+        super().__init__(backbone, nn.Linear(feature_dim, num_classes), feature_dim)
+
+    def common_prefixes(self) -> tuple[str, ...]:
+        return ("backbone.features",)
+
+
+@register
+class SmallCNN(_SheafCNN):
+    """Small CNN of Sheaf-FMTL (Table 2): 1 conv layer (16 filters), 1 FC layer.
+
+    backbone: conv5x5(16) - ReLU - maxpool2 - flatten; head: Linear(-> num_classes).
+    """
+
+    name = "small_cnn"
+    description = "Sheaf-FMTL small CNN: conv5x5 (16) + maxpool, linear head"
+    widths = (16,)
+
+
+@register
+class MediumCNN(_SheafCNN):
+    """Medium CNN of Sheaf-FMTL (Table 2): 2 conv layers (24, 48 filters), 1 FC layer.
+
+    backbone: [conv5x5(24), conv5x5(48)], each - ReLU - maxpool2, flatten;
+    head: Linear(-> num_classes).
+    """
+
+    name = "medium_cnn"
+    description = "Sheaf-FMTL medium CNN: 2x conv5x5 (24, 48) + maxpool, linear head"
+    widths = (24, 48)
+
+
+@register
+class LargeCNN(_SheafCNN):
+    """Large CNN of Sheaf-FMTL (Table 2): 2 conv layers (32, 64 filters), 2 FC layers (120).
+
+    backbone: [conv5x5(32), conv5x5(64)], each - ReLU - maxpool2, flatten, Linear(-> 120) - ReLU;
+    head: Linear(120 -> num_classes).
+    """
+
+    name = "large_cnn"
+    description = "Sheaf-FMTL large CNN: 2x conv5x5 (32, 64) + maxpool, FC 120, linear head"
+    widths = (32, 64)
+    fc_units = 120
