@@ -182,6 +182,11 @@ class RuntimeConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto = cuda when num_gpus_per_actor > 0, else cpu"
     )
+    memory_budget: int | str | None = Field(
+        None,
+        description="bytes (or '16GB', '512MiB') clients' state may take; null = what "
+        "the cluster reports",
+    )
     max_restarts: int = Field(0, ge=0)
     min_clients_fraction: float = Field(1.0, gt=0, le=1)
     dashboard: bool = True

@@ -226,6 +226,12 @@ class Algorithm:
         """The model a client is evaluated with (pFedMe overrides: personal model)."""
         return state.model
 
+    # Algorithms whose clients keep large state of their own (Sheaf-FMTL's maps) define
+    # `persistent_bytes(dims, federation) -> bytes per client` with `state_size(model)` giving
+    # a client's d_i, and name the settings that shrink it; the runtime checks the total
+    # against runtime.memory_budget before any actor starts.
+    memory_knobs: ClassVar[str] = ""
+
     def rehost(self, participant: str, state: State) -> State:
         """`participant` restarts on a new host after its host was lost (its state is the
         fresh one of init_state); an algorithm may take over the role differently."""

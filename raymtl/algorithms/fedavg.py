@@ -97,7 +97,7 @@ class FedAvg(Algorithm):
 class Local(Algorithm):
     name = "local"
     summary = "Local: every client trains alone on its own data (no communication)"
-    shapes = ("none", "star", "groups")
+    shapes = ("none", "star", "groups", "peer")  # it ignores the topology: compare on any
     task_support = "different"
     model_support = "different"
 

@@ -167,6 +167,22 @@ def plot_comparison_metric(
     return save_figure(figure, path)
 
 
+def plot_bits_per_round(rounds_by_algorithm: dict[str, pd.DataFrame], path: Path) -> Path:
+    """Bits sent per round (up + down, mean over seeds), one line per algorithm, log axis."""
+    figure = Figure(figsize=(6, 4), layout="constrained")
+    axes = figure.subplots()
+    for algorithm, rounds in rounds_by_algorithm.items():
+        per_round = (rounds["bits_up"] + rounds["bits_down"]).groupby(rounds["round"]).mean()
+        if (per_round > 0).any():
+            axes.plot(per_round.index, per_round.to_numpy(), marker=".", label=algorithm)
+    axes.set_yscale("log")
+    axes.set_xlabel("round")
+    axes.set_ylabel("bits per round (up + down)")
+    axes.set_title("Communication per round (algorithms that send nothing are absent)")
+    add_legend_if_labelled(axes)
+    return save_figure(figure, path)
+
+
 def plot_comparison(runs: dict[str, Path], out_dir: Path) -> list[Path]:
     """Compare algorithms (name -> run dir): mean and worst-10% accuracy figures in ``out_dir``."""
     out_dir = Path(out_dir)
@@ -179,6 +195,9 @@ def plot_comparison(runs: dict[str, Path], out_dir: Path) -> list[Path]:
             rounds_by_algorithm, "worst10_accuracy", out_dir / "comparison_worst10_accuracy.png"
         ),
     ]
+    paths.append(
+        plot_bits_per_round(rounds_by_algorithm, out_dir / "comparison_bits_per_round.png")
+    )
     from raymtl.metrics.tasks import plot_task_comparison  # imports this module: late
 
     clients = {name: Recorder.load(run_dir).clients() for name, run_dir in runs.items()}

@@ -135,11 +135,20 @@ class Driver:
                     self.progress(seed, round_index, row)
                 if stop_after is not None and round_index >= stop_after:
                     return
+            self.record_host_memory(executor, seed)
             (seed_dir / "DONE").parent.mkdir(parents=True, exist_ok=True)
             self.recorder.flush()
             (seed_dir / "DONE").write_text("done\n")
         finally:
             executor.shutdown()
+
+    def record_host_memory(self, executor: Executor, seed: int) -> None:
+        """hosts.parquet: each host's peak resident memory over the seed (bytes)."""
+        rows = [
+            {"seed": seed, "round": self.cfg.rounds, "host": host, "peak_rss": int(peak)}
+            for host, peak in sorted(executor.peak_memory().items())
+        ]
+        self.recorder.add_rows("hosts", rows)
 
     def run_round(self, executor, setup, seed, round_index, cumulative) -> dict:
         """All phases of one round, then evaluation; returns the round's row."""

@@ -78,6 +78,10 @@ class Executor(ABC):
         results = self._call("evaluate", calls)
         return sorted((row for rows in results.values() for row in rows), key=lambda r: r["client"])
 
+    def peak_memory(self) -> dict[str, int]:
+        """Peak resident bytes of every host's process (inline: all the same process)."""
+        return self._call("peak_memory", {name: () for name in self.hosts})
+
     def save(self, directory: str) -> None:
         """Every host writes its own participants' state (nothing goes through the driver)."""
         self._call("save", {name: (directory,) for name in self.hosts})

@@ -225,3 +225,9 @@ class ParticipantHost:
 
     def ping(self) -> bool:
         return True
+
+    def peak_memory(self) -> int:
+        """The peak resident memory of this host's process so far, in bytes (Linux: KiB)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

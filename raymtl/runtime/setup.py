@@ -52,9 +52,45 @@ def partition(cfg: ExperimentConfig, seed: int):
 
 
 def check_federation(cfg: ExperimentConfig) -> None:
-    """Everything about the first seed's federation that can fail, before Ray starts."""
-    pool, shards, specs = partition(cfg, cfg.seeds[0])
-    client_models(cfg, cfg.seeds[0], shards, specs)
+    """Everything about the first seed's federation that can fail, before Ray starts: the
+    partition, the tasks and models, and the memory of the clients' own state."""
+    from raymtl.runtime.executor import InlineExecutor
+
+    seed = cfg.seeds[0]
+    pool, shards, specs = partition(cfg, seed)
+    federation = build_federation(cfg, seed, InlineExecutor(cfg.runtime), pool, shards, specs)
+    check_memory(cfg, federation)
+
+
+def check_memory(cfg: ExperimentConfig, federation: Federation) -> None:
+    """Per-client state (Sheaf-FMTL's maps) against runtime.memory_budget (see memory.py)."""
+    import os
+
+    from raymtl.models import build_model
+    from raymtl.runtime.executor import auto_clients_per_actor
+    from raymtl.runtime.memory import available_memory, check_state_memory, parse_bytes
+
+    algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm.typed_params(), None)
+    if not hasattr(algorithm, "persistent_bytes"):
+        return
+    runtime, n = cfg.runtime, federation.num_clients
+    if runtime.memory_budget is not None:
+        budget = parse_bytes(runtime.memory_budget)
+    else:  # what this machine has now (the local Ray runs on it)
+        budget = available_memory()
+    per_host = runtime.clients_per_actor
+    if per_host == "auto":
+        per_host = auto_clients_per_actor(
+            n, runtime.num_cpus or os.cpu_count() or 1, runtime.num_cpus_per_actor
+        )
+    hosts = {f"clients-{k}": [client_name(i) for i in block]
+             for k, block in enumerate(group_blocks(n, per_host))}  # fmt: skip
+
+    def build(name, num_classes):
+        params = cfg.model.params if name in (None, cfg.model.name) else {}
+        return build_model(name or cfg.model.name, federation.input_shape, num_classes, **params)
+
+    check_state_memory(algorithm, federation, hosts, budget, build)
 
 
 def check_task_support(cfg: ExperimentConfig, specs) -> None:

@@ -85,3 +85,12 @@ def test_registered_without_parameters() -> None:
     assert model.feature_dim == 16 * 14 * 14
     with pytest.raises(ValueError, match=r"^model.hidden: not a parameter of small_cnn"):
         build_model("small_cnn", (1, 28, 28), NUM_CLASSES, hidden=8)
+
+
+def test_the_official_rotated_mnist_cnn_has_34826_parameters():
+    from raymtl.models import num_params
+
+    # conv 32·9+32 = 320, conv 64·32·9+64 = 18,496, linear 1600·10+10 = 16,010
+    model = build_model("cnn_sheaf", (1, 28, 28), 10)
+    assert num_params(model) == 320 + 18_496 + 16_010 == 34_826
+    assert model.feature_dim == 1600

@@ -1,0 +1,79 @@
+"""Memory an algorithm's per-client state will take, checked before any actor starts.
+
+An algorithm that keeps large state per client (Sheaf-FMTL: Σ_j d_ij·d_i floats of maps)
+says how much from each client's d_i (`state_size(model)`) and the federation
+(`persistent_bytes`). The runtime builds each architecture once to measure d_i, prints the
+need per host and in all, and refuses a run above runtime.memory_budget (default: the memory
+Ray reports for the cluster, or this machine's available memory without Ray).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from raymtl.config import ConfigError
+
+UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def parse_bytes(value: int | str) -> int:
+    """12, '12GB', '1.5 GiB' -> bytes (one-line error naming the field otherwise)."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", value)
+    if not match or match.group(2).lower() not in UNITS:
+        raise ConfigError(f"runtime.memory_budget: {value!r} is not a size like 16GB or 512MiB")
+    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+
+
+def available_memory() -> int:
+    """This machine's available memory (MemAvailable on Linux; free pages elsewhere)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def gigabytes(count: float) -> str:
+    return f"{count / 1e9:.2f} GB"
+
+
+def client_dims(algorithm, federation, build) -> list[int]:
+    """d_i of every client, building each (architecture, head size) once."""
+    sizes: dict[tuple, int] = {}
+    dims = []
+    for i in range(federation.num_clients):
+        key = (federation.models[i] if federation.models else None, federation.num_classes[i])
+        if key not in sizes:
+            sizes[key] = algorithm.state_size(build(*key))
+        dims.append(sizes[key])
+    return dims
+
+
+def check_state_memory(algorithm, federation, hosts: dict, budget: int, build) -> dict | None:
+    """Print the per-host and total need; refuse a run above `budget`. Returns the figures."""
+    if not hasattr(algorithm, "persistent_bytes"):
+        return None
+    per_client = algorithm.persistent_bytes(client_dims(algorithm, federation, build), federation)
+    per_host = {
+        host: sum(per_client[int(p.split("/")[1])] for p in members if p.startswith("client/"))
+        for host, members in hosts.items()
+    }
+    total, largest = sum(per_client), max(per_host.values(), default=0)
+    print(
+        f"{algorithm.name}: per-client state needs {gigabytes(total)} in all, at most "
+        f"{gigabytes(largest)} per actor (budget {gigabytes(budget)})"
+    )
+    if total > budget:
+        raise ConfigError(
+            f"runtime.memory_budget: {algorithm.name} needs {gigabytes(total)} "
+            f"({gigabytes(largest)} in the largest actor), over {gigabytes(budget)}; "
+            f"{algorithm.memory_knobs}"
+        )
+    return {"total": total, "per_host": per_host, "per_client": per_client}
