@@ -243,7 +243,7 @@ def test_plot_comparison_with_zero_bit_run(run_dir: Path, tmp_path: Path):
     recorder.flush()
     assert_png_files(plot_run(local_dir))
     paths = plot_comparison({"fedavg": run_dir, "local": local_dir}, tmp_path / "compare")
-    assert len(paths) == 2
+    assert len(paths) == 3  # mean, worst-10% accuracy and bits per round
     assert_png_files(paths)
 
 
