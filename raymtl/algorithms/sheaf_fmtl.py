@@ -149,7 +149,7 @@ class SheafFMTL(Algorithm):
                 maps[j] = torch.eye(d_i)
             else:
                 generator = torch.Generator().manual_seed(derive_seed(ctx.seed, "map", ctx.me, j))
-                maps[j] = torch.randn(d_ij, d_i, generator=generator) * self.params.init_std
+                maps[j] = torch.randn(d_ij, d_i, generator=generator).mul_(self.params.init_std)
         state.extras["maps"] = maps
 
     def projections(self, state, ctx, theta: torch.Tensor) -> list[Message]:
@@ -193,7 +193,9 @@ class SheafFMTL(Algorithm):
         theta = self.flat_theta(state.model)
         step = self.params.map_lr * self.params.lam
         for j, gap in self.disagreements(state, inbox, theta).items():
-            state.extras["maps"][j] -= step * torch.outer(gap, theta)
+            # In place, rank one (BLAS ger): no d_ij × d_i temporary, which for two large
+            # models would double the memory of their map for a moment.
+            state.extras["maps"][j].addr_(gap, theta, alpha=-step)
         for j, matrix in sorted(state.extras["maps"].items()):
             ctx.record("maps", i=ctx.index, j=j, norm=float(torch.linalg.matrix_norm(matrix)))
         return state, []
