@@ -78,6 +78,12 @@ class Executor(ABC):
         results = self._call("evaluate", calls)
         return sorted((row for rows in results.values() for row in rows), key=lambda r: r["client"])
 
+    def memory_available(self) -> int:
+        """Memory the hosts may use: this machine's (inline), the cluster's (Ray)."""
+        from raymtl.runtime.memory import available_memory
+
+        return available_memory()
+
     def peak_memory(self) -> dict[str, int]:
         """Peak resident bytes of every host's process (inline: all the same process)."""
         return self._call("peak_memory", {name: () for name in self.hosts})
@@ -140,6 +146,10 @@ class RayExecutor(Executor):
 
     def peer_mixing(self, kind, num_nodes, seed, params):
         return self._ray.get(self.graph.peer_mixing.remote(kind, num_nodes, seed, params))
+
+    def memory_available(self) -> int:
+        """The memory Ray reports for the cluster's tasks and actors."""
+        return int(self._ray.cluster_resources().get("memory", 0)) or super().memory_available()
 
     def _start_host(self, name, role, spec):
         from raymtl.runtime.actors import ACTOR_OF_ROLE

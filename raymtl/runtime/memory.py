@@ -41,7 +41,7 @@ def available_memory() -> int:
 
 
 def gigabytes(count: float) -> str:
-    return f"{count / 1e9:.2f} GB"
+    return "no limit" if count == float("inf") else f"{count / 1e9:.2f} GB"
 
 
 def client_dims(algorithm, federation, build) -> list[int]:

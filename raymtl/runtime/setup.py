@@ -62,8 +62,13 @@ def check_federation(cfg: ExperimentConfig) -> None:
     check_memory(cfg, federation)
 
 
-def check_memory(cfg: ExperimentConfig, federation: Federation) -> None:
-    """Per-client state (Sheaf-FMTL's maps) against runtime.memory_budget (see memory.py)."""
+def check_memory(cfg: ExperimentConfig, federation: Federation, reported: int | None = None):
+    """Per-client state (Sheaf-FMTL's maps) against runtime.memory_budget (see memory.py).
+
+    Without a budget: a local run is held to this machine's available memory (its local Ray
+    runs here); a run joining a cluster (runtime.address) to the memory Ray reports, once
+    connected (`reported`): before that it is only printed.
+    """
     import os
 
     from raymtl.models import build_model
@@ -76,6 +81,8 @@ def check_memory(cfg: ExperimentConfig, federation: Federation) -> None:
     runtime, n = cfg.runtime, federation.num_clients
     if runtime.memory_budget is not None:
         budget = parse_bytes(runtime.memory_budget)
+    elif runtime.address:  # a cluster: what Ray reports once connected (never refused before)
+        budget = reported if reported is not None else float("inf")
     else:  # what this machine has now (the local Ray runs on it)
         budget = available_memory()
     per_host = runtime.clients_per_actor
@@ -110,6 +117,8 @@ def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: 
     pool, shards, specs = partition(cfg, seed)
     federation = build_federation(cfg, seed, executor, pool, shards, specs)
     check_model(cfg, federation)
+    if cfg.runtime.address and cfg.runtime.memory_budget is None:
+        check_memory(cfg, federation, executor.memory_available())
     by_name = {client_name(s.client_id): s for s in shards}
     specs = {
         name: HostSpec(

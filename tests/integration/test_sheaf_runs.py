@@ -74,6 +74,7 @@ def test_inline_and_ray_executors_agree_exactly(ray_session, tmp_path):
     pd.testing.assert_frame_equal(*norms)
 
 
+@pytest.mark.slow
 def test_the_maps_survive_a_checkpoint_and_resume_gives_the_same_run(ray_session, tmp_path):
     whole = run_experiment(hetero(tmp_path, rounds=4), tmp_path / "whole")
     cut = run_experiment(hetero(tmp_path, rounds=4), tmp_path / "cut", stop_after=3)

@@ -122,3 +122,19 @@ def test_identity_maps_need_gamma_one():
     inbox = [Message("client/0", "client/1", "dim", {"dim": torch.tensor([2])})]
     with pytest.raises(ValueError, match="identity needs"):
         algorithm.init_maps(state, inbox, context("client/1"))
+
+
+def test_a_cluster_run_is_held_to_what_ray_reports(tmp_path, capsys):
+    from raymtl.runtime.setup import check_federation, check_memory
+
+    settings = {"algorithm.name": "sheaf_fmtl", "runtime.address": "auto"}
+    cfg = parse_config(digits_experiment(tmp_path, **settings))
+    check_federation(cfg)  # before connecting: printed, not refused
+    assert "budget no limit" in capsys.readouterr().out
+    from raymtl.runtime.executor import InlineExecutor
+    from raymtl.runtime.setup import build_federation, partition
+
+    pool, shards, specs = partition(cfg, 0)
+    federation = build_federation(cfg, 0, InlineExecutor(cfg.runtime), pool, shards, specs)
+    with pytest.raises(ConfigError, match="runtime.memory_budget: sheaf_fmtl needs"):
+        check_memory(cfg, federation, reported=1000)  # what a (tiny) cluster reported
