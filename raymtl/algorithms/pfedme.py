@@ -100,11 +100,17 @@ class PFedMe(FedAvg):
     task_support = "labels"  # the update uses class labels (cross-entropy)
 
     def eval_model(self, state):
-        return state.extras.get("personal", state.model)
+        if "personal" not in state.extras:
+            return state.model
+        # θ̃ is kept as tensors (checkpoints hold tensors only, never a pickled module).
+        personal = copy.deepcopy(state.model)
+        load_tensors(personal, state.extras["personal"])
+        return personal
 
     def train(self, state, inbox, ctx):
         seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
-        state.extras["personal"] = pfedme_train(state.model, state.data, self.params, seed)
+        personal = pfedme_train(state.model, state.data, self.params, seed)
+        state.extras["personal"] = model_tensors(personal)
         return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
 
     def merge(self, model, average) -> None:

@@ -217,7 +217,7 @@ class ParticipantHost:
             blob = torch.load(
                 checkpoint_file(Path(directory), participant),
                 map_location=self.spec.device,
-                weights_only=False,
+                weights_only=True,  # tensors and plain data only: a file cannot run code
             )
             if blob["model"] is not None:
                 state.model.load_state_dict(blob["model"])

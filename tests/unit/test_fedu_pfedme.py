@@ -86,6 +86,9 @@ def test_pfedme_server_mixes_with_beta():
 
 def test_pfedme_evaluates_the_personal_model():
     algorithm = PFedMe(PFedMeParams(), model_factory=None)
-    model, personal = nn.Linear(1, 1), nn.Linear(1, 1)
+    model = nn.Linear(1, 1)
     assert algorithm.eval_model(State(model=model)) is model
-    assert algorithm.eval_model(State(model=model, extras={"personal": personal})) is personal
+    personal = {"weight": torch.tensor([[2.0]]), "bias": torch.tensor([3.0])}  # θ̃ as tensors
+    evaluated = algorithm.eval_model(State(model=model, extras={"personal": personal}))
+    assert evaluated is not model and float(evaluated(torch.tensor([[1.0]]))) == 5.0
+    assert float(model.weight) != 2.0  # the local copy w is left as it was

@@ -1,0 +1,36 @@
+"""Checkpoints hold tensors and plain data only: a planted pickle never runs on --resume."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from raymtl.config import parse_config
+from raymtl.runtime import resume_experiment, run_experiment
+from tests.conftest import digits_experiment
+
+
+class Planted:
+    """An object whose unpickling would create a file (stands for arbitrary code)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "pfedme"])
+def test_a_planted_checkpoint_is_refused_not_run(tmp_path, algorithm):
+    cfg = parse_config(digits_experiment(tmp_path, **{"algorithm.name": algorithm, "rounds": 3}))
+    run_dir = run_experiment(cfg, tmp_path / "run", stop_after=2)
+    (checkpoint,) = (run_dir / "checkpoints" / "seed0" / "round00002").glob("client_0.pt")
+    state = torch.load(checkpoint, weights_only=True)  # what raymtl writes loads safely
+    assert set(state) == {"model", "extras"}
+    marker = tmp_path / "code-ran"
+    torch.save({"model": None, "extras": {"x": Planted(marker)}}, checkpoint)
+    with pytest.raises(pickle.UnpicklingError):
+        resume_experiment(run_dir)
+    assert not marker.exists()
