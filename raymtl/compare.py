@@ -61,6 +61,7 @@ def compare_experiments(
 ) -> Path:
     """Run every config into `out` (default runs/compare-<time>) and tabulate them."""
     from raymtl.metrics import plot_comparison, results_table
+    from raymtl.metrics.delta import delta_table, local_reference, record_deltas
 
     out = (
         Path(out)
@@ -75,6 +76,11 @@ def compare_experiments(
         {**json.loads((run_dir / "summary.json").read_text()), "algorithm": name}
         for name, run_dir in runs.items()
     ]
+    reference = local_reference(configs)
+    if reference is not None:  # Δ%: each arm's mean relative gain over Local across clients
+        deltas = record_deltas(runs, reference, out)
+        for summary in summaries:
+            summary["delta_vs_local"] = deltas[summary["algorithm"]]
     (out / "summary.json").write_text(json.dumps(summaries, indent=2))
     write_table_csv(summaries, out / "table.csv")
     plot_comparison(runs, out / "plots")
@@ -84,6 +90,8 @@ def compare_experiments(
 
         write_task_csv(summaries, out / "table_tasks.csv")
         console.print(task_table(summaries, title="per task"))
+    if reference is not None:
+        console.print(delta_table(summaries))
     console.print(f"comparison in [bold]{out}[/]")
     return out
 

@@ -29,6 +29,10 @@ def check_names(cfg: ExperimentConfig) -> None:
 
     named = [("data.name", cfg.data.name, SOURCES), ("model.name", cfg.model.name, MODELS)]
     named += [("model", name, MODELS) for name in sorted(cfg.model.names())]
+    named += [(f"data.tasks.{t}.source", task.source, SOURCES)
+              for t, task in enumerate(cfg.data.tasks) if task.source]  # fmt: skip
+    if cfg.data.public and cfg.data.public.name:
+        named.append(("data.public.name", cfg.data.public.name, SOURCES))
     for field, name, registry in named:
         if name not in registry:
             raise ValueError(f"{field}: '{name}' is not one of {', '.join(sorted(registry))}")
@@ -45,6 +49,11 @@ def check_algorithm(cfg: ExperimentConfig) -> None:
         raise ValueError(first_error(error, prefix="algorithm.params")) from None
     if cfg.topology.kind is None:
         cfg.topology.kind = default_topology(algorithm.shapes)
+    if algorithm.uses_public and cfg.data.public is None:
+        raise ValueError(
+            f"data.public: {cfg.algorithm.name} aligns clients on a public dataset; add "
+            "data.public: {size: 1000} (name: a dataset; default data.name's test split)"
+        )
     if cfg.shape() not in algorithm.shapes:
         raise ValueError(
             f"topology.kind: {cfg.algorithm.name} runs on {'/'.join(algorithm.shapes)}, "

@@ -108,6 +108,7 @@ class Federation:
     groups: tuple[int, ...] = ()  # rotation/mask group of each client
     task_specs: tuple[TaskSpec, ...] = ()  # what each task learns (targets, loss, head, ...)
     models: tuple[str, ...] = ()  # the model (registry name) each client trains; () = one for all
+    public_size: int = 0  # samples of the public set (data.public); its indices stay with hosts
 
     def neighbours(self, client: int) -> list[int]:
         """Peers of `client` in the communication graph (self excluded)."""
@@ -207,6 +208,7 @@ class Algorithm:
     # "same": every client trains one architecture (tensors are averaged by name and shape);
     # "different": clients' models may differ (nothing of a model is averaged across them).
     model_support: ClassVar[str] = "same"
+    uses_public: ClassVar[bool] = False  # True: clients get the public set (data.public)
 
     def __init__(self, params: Params, model_factory):
         self.params = params
@@ -231,6 +233,10 @@ class Algorithm:
     # a client's d_i, and name the settings that shrink it; the runtime checks the total
     # against runtime.memory_budget before any actor starts.
     memory_knobs: ClassVar[str] = ""
+
+    def check_resources(self, federation: Federation, memory_budget: float) -> None:
+        """Refuse (one-line ValueError naming the knob) a federation whose messages or server
+        state would not fit: called before Ray starts, with the run's memory budget."""
 
     def rehost(self, participant: str, state: State) -> State:
         """`participant` restarts on a new host after its host was lost (its state is the

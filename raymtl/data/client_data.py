@@ -25,6 +25,7 @@ class ClientData:
     num_classes: int  # head outputs: C_t when relabelled, the task's outputs, else the pool's
     input_shape: tuple[int, int, int]
     task: TaskSpec | None = None  # decides the loss, optimiser and metrics (None: CE labels)
+    public_x: torch.Tensor | None = None  # the public set (data.public), for algorithms on it
 
 
 def _mask_generator(seed: int, client_id: int) -> torch.Generator:
@@ -58,8 +59,20 @@ def _relabel(y: torch.Tensor, task_classes: tuple[int, ...] | None, num_classes:
     return relabelled
 
 
-def _features(pool: Pool, idx: np.ndarray, shard: ClientShard, generator) -> torch.Tensor:
+def decode_images(pool: Pool, idx, input_shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Samples `idx` as floats in [0, 1], resized (bilinear) to `input_shape`'s height and width
+    when the pool's differ (another domain, e.g. 8x8 digits beside 28x28 Fashion-MNIST)."""
     x = _take(pool.x, idx).float() / pool.scale
+    if input_shape is not None and tuple(x.shape[-2:]) != tuple(input_shape[-2:]):
+        size = tuple(int(side) for side in input_shape[-2:])
+        x = torch.nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    return x.contiguous()
+
+
+def _features(
+    pool: Pool, idx: np.ndarray, shard: ClientShard, generator, input_shape=None
+) -> torch.Tensor:
+    x = decode_images(pool, idx, input_shape)
     if shard.rotation % 360:
         x = torch.rot90(x, k=shard.rotation // 90, dims=(-2, -1))
     if shard.mask_prob > 0:
@@ -76,12 +89,15 @@ def _targets(pool: Pool, idx: np.ndarray, shard: ClientShard, task: TaskSpec | N
     return _take(TARGET_BUILDERS[task.targets](pool).values, idx)
 
 
-def materialize(pool: Pool, shard: ClientShard, seed: int, task: TaskSpec | None = None):
-    """Build a client's float32 tensors from the pool: scale, rotate, mask, targets."""
+def materialize(
+    pool: Pool, shard: ClientShard, seed: int, task: TaskSpec | None = None, input_shape=None
+):
+    """Build a client's float32 tensors from the pool: scale, resize to `input_shape` (another
+    domain's images), rotate, mask, targets."""
     # One generator for train then test: each sample's mask is drawn once and stays fixed.
     generator = _mask_generator(seed, shard.client_id)
-    train_x = _features(pool, shard.train_idx, shard, generator)
-    test_x = _features(pool, shard.test_idx, shard, generator)
+    train_x = _features(pool, shard.train_idx, shard, generator, input_shape)
+    test_x = _features(pool, shard.test_idx, shard, generator, input_shape)
     train_y = _targets(pool, shard.train_idx, shard, task)
     test_y = _targets(pool, shard.test_idx, shard, task)
     num_classes = len(shard.task_classes) if shard.task_classes else pool.num_classes

@@ -30,6 +30,7 @@ class ClientShard:
     mask_prob: float  # probability of dropping each 2x2 patch
     task: int  # task id (0 when no task groups)
     task_classes: tuple[int, ...] | None  # original class ids of the task; None = no relabel
+    source: str | None = None  # the dataset the indices point into; None = data.name
 
 
 def fail(field: str, problem: str) -> ValueError:

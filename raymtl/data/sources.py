@@ -40,6 +40,7 @@ class Pool:
     class_names: tuple[str, ...]
     scale: float  # x.float() / scale lies in [0, 1]
     source: str  # where the data actually came from (a directory, "sklearn", "synthetic")
+    test_start: int | None = None  # first sample of the official test split (None: no split)
 
 
 class DatasetMissing(ValueError):
@@ -102,7 +103,8 @@ def _pool_from_idx_dir(directory: Path, class_names: list[str]) -> Pool:
         labels.append(_read_idx(_idx_path(directory, label_stem), read_label_file))
     x = torch.cat(images).unsqueeze(1)
     names = tuple(class_names)
-    return Pool(x, torch.cat(labels).long(), len(names), names, 255.0, str(directory))
+    labels_all = torch.cat(labels).long()
+    return Pool(x, labels_all, len(names), names, 255.0, str(directory), len(images[0]))
 
 
 def _pool_from_torchvision(name: str, dataset: type, root: str | None, download: bool) -> Pool:
@@ -119,7 +121,7 @@ def _pool_from_torchvision(name: str, dataset: type, root: str | None, download:
         x = x.permute(0, 3, 1, 2).contiguous()
     y = torch.cat([torch.as_tensor(split.targets, dtype=torch.int64) for split in splits])
     names = tuple(str(class_name) for class_name in splits[0].classes)
-    return Pool(x, y, len(names), names, 255.0, folder)
+    return Pool(x, y, len(names), names, 255.0, folder, len(splits[0].targets))
 
 
 def _load_fashion_mnist(root: str | None = None, download: bool = False) -> Pool:

@@ -16,6 +16,7 @@ import inspect
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 MODELS: dict[str, type[FedModel]] = {}
@@ -27,9 +28,14 @@ _COMMON_ARGS = ("self", "input_shape", "num_classes")
 class FedModel(nn.Module):
     """backbone -> features; head -> logits. ``forward(x) = head(backbone(x))``.
 
-    Every parameter name (state_dict key) starts with ``backbone.`` or ``head.``.
-    ``feature_dim`` is the size of the flattened backbone output, i.e.
-    ``features(x).shape == (B, feature_dim)``.
+    Every parameter name (state_dict key) starts with ``backbone.`` or ``head.``, or with
+    ``projection.`` once a representation branch is added. ``feature_dim`` is the size of the
+    flattened backbone output, i.e. ``features(x).shape == (B, feature_dim)``.
+
+    Optional representation branch (FedMuscle, ALGORITHMS.md §6): ``add_representation(d)``
+    adds ``projection = Linear(feature_dim, d)``; ``represent(x)`` is then the L2-normalised
+    ``projection(features(x))``, shape (B, d). ``forward`` never uses it, and a model without
+    it has exactly the ``backbone.``/``head.`` state_dict it always had.
     """
 
     name: ClassVar[str] = ""
@@ -41,6 +47,8 @@ class FedModel(nn.Module):
         self.backbone = backbone
         self.head = head
         self.feature_dim = feature_dim
+        # A plain attribute while None (no state_dict entry); a submodule once added.
+        self.projection: nn.Linear | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(x))
@@ -52,6 +60,34 @@ class FedModel(nn.Module):
     def common_prefixes(self) -> tuple[str, ...]:
         """Parameter-name prefixes shared across tasks by default in hierarchical FL."""
         return ()
+
+    def add_representation(self, dim: int) -> None:
+        """Add (or replace) the branch ``projection = Linear(feature_dim, dim)``.
+
+        It is created on the device and with the dtype of the model's parameters.
+        """
+        if not _is_positive_int(dim):
+            raise ValueError(f"model.representation_dim: {dim!r} must be a positive integer")
+        reference = next(self.parameters(), None)
+        device = reference.device if reference is not None else None
+        dtype = reference.dtype if reference is not None else None
+        self.projection = nn.Linear(self.feature_dim, dim, device=device, dtype=dtype)
+
+    def represent(self, x: torch.Tensor) -> torch.Tensor:
+        """Unit-L2 representation ``normalize(projection(features(x)))``, shape (B, dim)."""
+        return F.normalize(self._projection()(self.features(x)), dim=1)
+
+    def representation_parameters(self) -> list[nn.Parameter]:
+        """Everything ``represent`` depends on: the backbone's and the projection's parameters."""
+        return [*self.backbone.parameters(), *self._projection().parameters()]
+
+    def _projection(self) -> nn.Linear:
+        if self.projection is None:
+            model = self.name or type(self).__name__
+            raise RuntimeError(
+                f"{model} has no representation branch: call add_representation(dim) first"
+            )
+        return self.projection
 
 
 def register(cls: type[FedModel]) -> type[FedModel]:

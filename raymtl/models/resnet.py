@@ -1,4 +1,11 @@
-"""torchvision's ResNet-18 adapted to small (32x32) images, split into backbone and head.
+"""Residual networks for small images, split into backbone and head.
+
+``resnet8``: the CIFAR-style ResNet of He et al. (2016, §4.2) with one torchvision
+``BasicBlock`` per stage (widths 16, 32, 64; strides 1, 2, 2): 3x3 conv(16) - BN - ReLU stem,
+global average pool, flatten -> 64 features (the backbone); head = Linear(64, num_classes).
+77,754 parameters on 1x28x28 with 10 classes.
+
+``resnet18``: torchvision's ResNet-18 adapted to small (32x32) images.
 
 The split follows the "BL-k" convention (k = number of residual stages in the head):
 
@@ -21,6 +28,8 @@ from raymtl.models.registry import FedModel, check_input_shape, flat_output_size
 
 # First stage of the head for each split; everything before it is the backbone.
 HEAD_STARTS = {"BL-0": "fc", "BL-1": "layer4", "BL-2": "layer3"}
+# ResNet-8: (width, stride) of each stage's single BasicBlock.
+RESNET8_STAGES = ((16, 1), (32, 2), (64, 2))
 
 
 def small_image_resnet18_stages(in_channels: int, num_classes: int) -> list[tuple[str, nn.Module]]:
@@ -56,9 +65,59 @@ class ResNet18(FedModel):
         self.split = split
 
     def common_prefixes(self) -> tuple[str, ...]:
-        # The whole backbone is shared; list its stages that actually hold parameters.
-        return tuple(
-            f"backbone.{name}"
-            for name, stage in self.backbone.named_children()
-            if any(True for _ in stage.parameters())
-        )
+        return parameterised_stages(self.backbone)
+
+
+def parameterised_stages(backbone: nn.Module) -> tuple[str, ...]:
+    """``backbone.<stage>`` for every stage that holds parameters (the whole backbone is shared)."""
+    return tuple(
+        f"backbone.{name}"
+        for name, stage in backbone.named_children()
+        if any(True for _ in stage.parameters())
+    )
+
+
+def resnet8_backbone(in_channels: int) -> nn.Sequential:
+    """Stem + one BasicBlock per stage (16, 32, 64; strides 1, 2, 2) + average pool + flatten."""
+    from torchvision.models.resnet import BasicBlock  # lazy: torchvision costs seconds to import
+
+    stages: list[tuple[str, nn.Module]] = [
+        ("conv1", nn.Conv2d(in_channels, 16, kernel_size=3, stride=1, padding=1, bias=False)),
+        ("bn1", nn.BatchNorm2d(16)),
+        ("relu", nn.ReLU(inplace=True)),
+    ]
+    in_width = 16
+    for index, (width, stride) in enumerate(RESNET8_STAGES, start=1):
+        downsample = None
+        if stride != 1 or in_width != width:  # 1x1 conv + BN projection shortcut
+            downsample = nn.Sequential(
+                nn.Conv2d(in_width, width, kernel_size=1, stride=stride, bias=False),
+                nn.BatchNorm2d(width),
+            )
+        stages.append((f"layer{index}", BasicBlock(in_width, width, stride, downsample)))
+        in_width = width
+    stages += [("avgpool", nn.AdaptiveAvgPool2d(1)), ("flatten", nn.Flatten())]
+    backbone = nn.Sequential(OrderedDict(stages))
+    for module in backbone.modules():  # He init, as torchvision's ResNet does
+        if isinstance(module, nn.Conv2d):
+            nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+    return backbone
+
+
+@register
+class ResNet8(FedModel):
+    """CIFAR-style ResNet-8 (He et al. 2016 §4.2, one BasicBlock per stage); linear head."""
+
+    name = "resnet8"
+    description = (
+        "CIFAR-style ResNet-8: 3x3 stem, 1 BasicBlock per stage (16, 32, 64), avgpool, linear head"
+    )
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int) -> None:
+        input_shape = check_input_shape(input_shape)
+        feature_dim = RESNET8_STAGES[-1][0]
+        backbone = resnet8_backbone(input_shape[0])
+        super().__init__(backbone, nn.Linear(feature_dim, num_classes), feature_dim)
+
+    def common_prefixes(self) -> tuple[str, ...]:
+        return parameterised_stages(self.backbone)

@@ -47,6 +47,7 @@ class HostSpec:
     # The seed's checkpoint root: a (re)started host resumes from its latest complete
     # checkpoint, so an actor restarted by Ray after a crash reloads its clients' state.
     checkpoint_root: str | None = None
+    public: object = None  # data.domains.PublicShard, decoded only if the algorithm uses it
 
 
 def latest_checkpoint(seed_dir: Path) -> int:
@@ -115,17 +116,33 @@ class ParticipantHost:
         from raymtl.data import load_pool, materialize
 
         data_cfg = self.config.data
-        pool = load_pool(
-            data_cfg.name, data_cfg.root, data_cfg.download, self.spec.seed, **data_cfg.params
-        )
         shard = self.spec.shards[participant]
+        source = shard.source or data_cfg.name
+        params = data_cfg.params if source == data_cfg.name else {}
+        pool = load_pool(source, data_cfg.root, data_cfg.download, self.spec.seed, **params)
         federation = self.spec.federation
         task = federation.task_specs[shard.task] if federation.task_specs else None
-        data = materialize(pool, shard, self.spec.seed, task)
+        data = materialize(pool, shard, self.spec.seed, task, federation.input_shape)
+        if self.algorithm.uses_public:  # one decoded copy per host, shared by its clients
+            data.public_x = self._public_samples()
         if self.spec.device != "cpu":
             for name in ("train_x", "train_y", "test_x", "test_y"):
                 setattr(data, name, getattr(data, name).to(self.spec.device))
         return data
+
+    def _public_samples(self) -> torch.Tensor:
+        """The public set's images as float tensors of the federation's input shape."""
+        if getattr(self, "_public", None) is None:
+            from raymtl.data import load_pool
+            from raymtl.data.client_data import decode_images
+
+            data_cfg, public = self.config.data, self.spec.public
+            params = data_cfg.params if public.source == data_cfg.name else {}
+            pool = load_pool(public.source, data_cfg.root, data_cfg.download, self.spec.seed,
+                             **params)  # fmt: skip
+            images = decode_images(pool, public.indices, self.spec.federation.input_shape)
+            self._public = images.to(self.spec.device)
+        return self._public
 
     def run_phase(
         self,

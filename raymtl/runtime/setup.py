@@ -27,28 +27,28 @@ class Setup:
 
 
 def partition(cfg: ExperimentConfig, seed: int):
-    """The source, the clients' shards (indices, task of each client) and the tasks.
+    """The main pool, the clients' shards (indices, task of each client), the tasks and the
+    public set (data.public; None without one).
 
     Every failure (missing data, a partition the data cannot give, tasks that do not fit
     the source or the algorithm) is one ConfigError line, before any actor starts.
     """
-    from raymtl.data import load_pool, partition_clients
+    from raymtl.data import load_pool
+    from raymtl.data.domains import partition_sources
 
     data = cfg.data
+
+    def load(name):  # data.params are the main dataset's; other domains load with defaults
+        params = data.params if name == data.name else {}
+        return load_pool(name, data.root, data.download, seed, **params)
+
     try:
-        pool = load_pool(data.name, data.root, data.download, seed, **data.params)
-        shards = partition_clients(
-            pool.y.numpy(),
-            pool.num_classes,
-            num_clients=data.num_clients,
-            seed=seed,
-            **data.partition.model_dump(),
-        )
-        shards, specs = assign_tasks(cfg, pool, shards)
+        pools, shards, public = partition_sources(data, seed, load)
+        shards, specs = assign_tasks(cfg, pools, shards)
     except ValueError as error:  # bad partition for this dataset: a config error
         raise ConfigError(str(error).splitlines()[0]) from None
     check_task_support(cfg, specs)
-    return pool, shards, specs
+    return pools[data.name], shards, specs, public
 
 
 def check_federation(cfg: ExperimentConfig) -> None:
@@ -57,7 +57,7 @@ def check_federation(cfg: ExperimentConfig) -> None:
     from raymtl.runtime.executor import InlineExecutor
 
     seed = cfg.seeds[0]
-    pool, shards, specs = partition(cfg, seed)
+    pool, shards, specs, _ = partition(cfg, seed)
     federation = build_federation(cfg, seed, InlineExecutor(cfg.runtime), pool, shards, specs)
     check_memory(cfg, federation)
 
@@ -76,8 +76,6 @@ def check_memory(cfg: ExperimentConfig, federation: Federation, reported: int | 
     from raymtl.runtime.memory import available_memory, check_state_memory, parse_bytes
 
     algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm.typed_params(), None)
-    if not hasattr(algorithm, "persistent_bytes"):
-        return
     runtime, n = cfg.runtime, federation.num_clients
     if runtime.memory_budget is not None:
         budget = parse_bytes(runtime.memory_budget)
@@ -85,6 +83,12 @@ def check_memory(cfg: ExperimentConfig, federation: Federation, reported: int | 
         budget = reported if reported is not None else float("inf")
     else:  # what this machine has now (the local Ray runs on it)
         budget = available_memory()
+    try:
+        algorithm.check_resources(federation, budget)
+    except ValueError as error:
+        raise ConfigError(str(error).splitlines()[0]) from None
+    if not hasattr(algorithm, "persistent_bytes"):
+        return
     per_host = runtime.clients_per_actor
     if per_host == "auto":
         per_host = auto_clients_per_actor(
@@ -114,7 +118,7 @@ def check_task_support(cfg: ExperimentConfig, specs) -> None:
 
 def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: Path) -> Setup:
     """Partition the data, build the topology and lay participants out on hosts."""
-    pool, shards, specs = partition(cfg, seed)
+    pool, shards, specs, public = partition(cfg, seed)
     federation = build_federation(cfg, seed, executor, pool, shards, specs)
     check_model(cfg, federation)
     if cfg.runtime.address and cfg.runtime.memory_budget is None:
@@ -126,6 +130,7 @@ def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: 
             federation=federation,
             participants=tuple(members),
             shards={p: by_name[p] for p in members if p in by_name},
+            public=public if any(p in by_name for p in members) else None,
             seed=seed,
             torch_threads=max(1, int(cfg.runtime.num_cpus_per_actor)),
             device=client_device(cfg) if members[0].startswith("client") else "cpu",
@@ -140,6 +145,7 @@ def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool,
     """The federation's metadata: sizes, tasks and heads, peer graph (graph service), LPSs."""
     n = cfg.data.num_clients
     return Federation(
+        public_size=cfg.data.public.size if cfg.data.public else 0,
         num_clients=n,
         samples=tuple(len(s.train_idx) for s in shards),
         num_classes=tuple(specs[s.task].outputs for s in shards),

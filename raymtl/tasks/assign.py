@@ -57,9 +57,13 @@ def partition_tasks(shards) -> dict[int, tuple | None]:
     return {shard.task: shard.task_classes for shard in sorted(shards, key=lambda s: s.task)}
 
 
-def assign_tasks(cfg, pool, shards) -> tuple[list, list[TaskSpec]]:
-    """The shards with their task ids set, and the TaskSpec of every task id."""
+def assign_tasks(cfg, pools: dict, shards) -> tuple[list, list[TaskSpec]]:
+    """The shards with their task ids set, and the TaskSpec of every task id.
+
+    `pools`: dataset name -> Pool; a task is resolved on the dataset its clients draw from.
+    """
     declared, by_partition = cfg.data.tasks, partition_tasks(shards)
+    pool = pools[cfg.data.source_of(0 if declared else None)]
     if not declared:
         name = "label" if len(by_partition) == 1 else "task{}"
         specs = [
@@ -86,4 +90,6 @@ def assign_tasks(cfg, pool, shards) -> tuple[list, list[TaskSpec]]:
         return shards, specs
     task_of = [t for t, task in enumerate(declared) for _ in range(task.clients)]
     shards = [dataclasses.replace(shard, task=task_of[shard.client_id]) for shard in shards]
-    return shards, [resolve_task(t, task, pool, None) for t, task in enumerate(declared)]
+    specs = [resolve_task(t, task, pools[cfg.data.source_of(t)], None)
+             for t, task in enumerate(declared)]  # fmt: skip
+    return shards, specs

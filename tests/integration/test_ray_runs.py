@@ -109,6 +109,11 @@ PARITY = {
     "dpsgd": {},
     "sfmtl_graph": {"algorithm.params": {"epochs": 1}},
     "oneshot_hfl": {"topology.kind": "hierarchical", "topology.num_lps": 2},
+    # public set, server-side tuples and the clients' Muscle steps
+    "fedmuscle": {
+        "data.public": {"size": 100},
+        "algorithm.params": {"public_batch": 8, "partners": 2, "dim": 16, "contrastive_steps": 2},
+    },
 }
 
 

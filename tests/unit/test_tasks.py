@@ -96,7 +96,7 @@ def test_tasks_are_dealt_in_file_order_with_their_heads(tmp_path):
     cfg = config(tmp_path)
     pool = load_pool("digits")
     shards = partition_clients(pool.y.numpy(), 10, num_clients=6, kind="iid", seed=0)
-    shards, specs = assign_tasks(cfg, pool, shards)
+    shards, specs = assign_tasks(cfg, {"digits": pool}, shards)
     assert [s.task for s in shards] == [0, 0, 1, 1, 1, 1]
     assert [s.loss for s in specs] == ["bce", "mse"]
     assert specs[0].metrics == ("precision", "recall", "f1") and specs[1].metrics == ("mse", "mae")
