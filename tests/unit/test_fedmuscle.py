@@ -178,7 +178,7 @@ def test_the_public_set_changes_no_partition_without_one(tmp_path):
     plain = partition_clients(load_pool("digits").y.numpy(), 10, num_clients=6, seed=0,
                               **cfg.data.partition.model_dump())  # fmt: skip
     assert public is None
-    assert all(np.array_equal(a.train_idx, b.train_idx) for a, b in zip(shards, plain))
+    assert all(np.array_equal(a.train_idx, b.train_idx) for a, b in zip(shards, plain, strict=True))
 
 
 def test_a_task_on_another_domain_is_resized_to_the_main_images(tmp_path):
