@@ -53,13 +53,13 @@ MIB = 2**20
 
 
 class FedMuscleParams(LocalTrainingParams):
-    contrastive_steps: int = Field(5, ge=1, description="contrastive steps per round (T)")
+    contrastive_steps: int = Field(20, ge=1, description="contrastive steps per round (T)")
     public_batch: int = Field(32, ge=2, description="public samples per step (B)")
     partners: int | None = Field(3, ge=1, description="partners per anchor (M); null = all")
     dim: int = Field(256, ge=1, description="representation dims (d)")
     tau: float = Field(0.2, gt=0, description="temperature τ")
     tau_prime: float = Field(0.15, gt=0, description="τ' of the weights α (γ = 1/τ' − 1/τ)")
-    align_lr: float = Field(0.05, gt=0, description="SGD step size of the contrastive steps")
+    align_lr: float = Field(0.005, gt=0, description="SGD step size of the contrastive steps")
     downlink: Literal["tuples", "partners"] = Field(
         "tuples", description="tuples: S and α as in the paper; partners: the M matrices Z^m"
     )
@@ -182,6 +182,8 @@ class RepresentationAlignment(Algorithm):
         partners = min(p.partners or federation.num_clients, max(int(sampled) - 1, 1))
         floats, formula = self.downlink_floats(partners)
         per_client, knobs = floats * 4, "lower public_batch (B), partners (M) or dim (d)"
+        if "B^M" in formula:
+            knobs += ", or set downlink: partners (the same loss from M·B·d floats)"
         if per_client > p.max_downlink_mib * MIB:
             raise ValueError(
                 f"algorithm.params: {self.name} sends {per_client / MIB:,.1f} MiB to each client "

@@ -104,6 +104,10 @@ def read_parquet_or_empty(path: Path, schema: pa.Schema) -> pa.Table:
     return table.select(schema.names).cast(schema)
 
 
+# Tables that record the run itself, not a round's results: a replay keeps them.
+KEPT_ON_REPLAY = ("faults",)
+
+
 class Recorder:
     """In-memory metric tables of one run directory, flushed to Parquet on demand.
 
@@ -178,6 +182,8 @@ class Recorder:
         rows are either complete or not yet written.
         """
         for table_name in list(self._chunks):
+            if table_name in KEPT_ON_REPLAY:
+                continue
             table = self.arrow_table(table_name)
             if not table.num_rows:
                 continue

@@ -119,8 +119,13 @@ def results_table(summaries: list[dict], title: str) -> Table:
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("Bits", justify="right", no_wrap=True)
     table.add_column("Time", justify="right", no_wrap=True)
+    faulty = any("faults" in summary for summary in summaries)
+    if faulty:  # lost hosts: each a roll-back to the last checkpoint and a replay
+        table.add_column("Faults", justify="right", no_wrap=True)
     for summary in summaries:
         final = summary["final"]
+        faults = summary.get("faults", {})
+        recovered = f"{faults.get('recoveries', 0)} ({faults.get('rounds_replayed', 0)} replayed)"
         table.add_row(
             summary["algorithm"],
             str(len(summary["seeds"])),
@@ -130,6 +135,7 @@ def results_table(summaries: list[dict], title: str) -> Table:
             format_percent(final["std_accuracy"]),
             format_bits(final["total_bits"]["mean"]),
             format_seconds(final["wall_time"]["mean"]),
+            *([recovered] if faulty else []),
         )
     return table
 

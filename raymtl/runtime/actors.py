@@ -21,6 +21,9 @@ class ObjectStoreHost(ParticipantHost):
     def get(self, payloads):
         return ray.get(payloads) if payloads else []
 
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
 
 @ray.remote
 class ClientActor(ObjectStoreHost):

@@ -15,6 +15,7 @@ The driver handles metadata only: envelopes, metrics and bit counts.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -27,42 +28,13 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import derive_seed
 from raymtl.config import ExperimentConfig
 from raymtl.metrics import Recorder, fairness_stats
-from raymtl.runtime.executor import Executor
+from raymtl.runtime.accounting import charge, link_direction, round_bits
+from raymtl.runtime.executor import Executor, HostsLost
 from raymtl.runtime.host import checkpoint_dir, latest_checkpoint
 from raymtl.runtime.router import Router
 from raymtl.runtime.setup import build_setup
 
-TIER = {"client": 0, "leader": 1, "lps": 1, "server": 2}
-
-
-def link_direction(row: dict) -> str | None:
-    """'down' towards the clients (server -> LPS -> client, leader -> member), 'up' otherwise
-    (peers, and leader to leader: up).
-
-    Two cases are recorded in messages.parquet but are neither uplink nor downlink (None):
-    traffic with the graph service (a coordinator-side helper of the server), and a hand-off
-    between a client and a role that same client holds (one machine: nothing on the wire).
-    """
-    if "graph" in (row["src_role"], row["dst_role"]):
-        return None
-    if row.get("src_client") is not None and row.get("src_client") == row.get("dst_client"):
-        return None
-    return "down" if TIER[row["src_role"]] > TIER[row["dst_role"]] else "up"
-
-
-def charged_client(participant: str, holders: dict[str, int]) -> int | None:
-    """The client whose link carries `participant`'s traffic (None: server, LPS, graph)."""
-    if role_of(participant) == "client":
-        return int(participant.split("/")[1])
-    return holders.get(participant)
-
-
-def charge(ledger: list[dict], holders: dict[str, int]) -> list[dict]:
-    """Each ledger row with the clients charged for its sending and receiving ends."""
-    for row in ledger:
-        row["src_client"] = charged_client(row["src"], holders)
-        row["dst_client"] = charged_client(row["dst"], holders)
-    return ledger
+log = logging.getLogger(__name__)
 
 
 def sample_clients(seed: int, round_index: int, num_clients: int, fraction: float) -> tuple:
@@ -70,19 +42,6 @@ def sample_clients(seed: int, round_index: int, num_clients: int, fraction: floa
     count = max(1, math.ceil(fraction * num_clients))
     rng = np.random.default_rng(derive_seed(seed, round_index, "sample"))
     return tuple(sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False)))
-
-
-def round_bits(ledger: list[dict], num_clients: int) -> tuple[list[int], list[int]]:
-    """Per-client bits sent (up) and received (down) from one round's charged ledger."""
-    up, down = [0] * num_clients, [0] * num_clients
-    for row in ledger:
-        if link_direction(row) is None:
-            continue
-        if row["src_client"] is not None:
-            up[row["src_client"]] += row["bits"]
-        if row["dst_client"] is not None:
-            down[row["dst_client"]] += row["bits"]
-    return up, down
 
 
 class Driver:
@@ -104,6 +63,7 @@ class Driver:
         # The driver only asks the algorithm for its phases; it never builds models.
         self._algorithm = self.algorithm_cls(self.params, model_factory=None)
         self.recorder = Recorder.load(self.run_dir)
+        self.current_round = 0  # the round in progress (faults name it)
 
     def run(self, stop_after: int | None = None) -> None:
         """Run (or resume) every seed; `stop_after` simulates a crash after that round."""
@@ -117,8 +77,42 @@ class Driver:
         self.recorder.flush()
 
     def run_seed(self, seed: int, seed_dir: Path, stop_after: int | None) -> None:
+        """Run a seed; a lost host rolls the whole federation back to its last complete
+        checkpoint and the lost rounds are replayed (at most runtime.max_restarts times), so
+        the results equal the fault-free run's. Every fault is a row of faults.parquet."""
+        recoveries = 0
+        while True:
+            began = time.perf_counter()
+            try:
+                return self.run_from_checkpoint(seed, seed_dir, stop_after)
+            except HostsLost as fault:
+                start, recoveries = latest_checkpoint(seed_dir), recoveries + 1
+                recover = recoveries <= self.cfg.runtime.max_restarts
+                self.record_fault(seed, fault, start, recoveries, recover, began)
+                if not recover:
+                    raise RuntimeError(
+                        f"runtime.max_restarts: {self.cfg.runtime.max_restarts} recoveries used "
+                        f"up; {fault} (faults.parquet has every fault)"
+                    ) from None
+
+    def record_fault(self, seed, fault, start: int, count: int, recover: bool, began) -> None:
+        """faults.parquet: when, which hosts on which nodes, and what was done about it."""
+        action = f"rolled back to round {start}, replaying" if recover else "run stopped"
+        rows = [
+            {"seed": seed, "round": self.current_round, "host": host, "node": node,
+             "during": fault.method, "recovery": count, "action": action,
+             "rolled_back_to": start, "seconds_lost": time.perf_counter() - began,
+             "error": fault.detail}
+            for host, node in fault.nodes.items()
+        ]  # fmt: skip
+        self.recorder.add_rows("faults", rows)
+        self.recorder.flush()
+        log.warning("seed %d round %d: %s; %s", seed, self.current_round, fault, action)
+
+    def run_from_checkpoint(self, seed: int, seed_dir: Path, stop_after: int | None) -> None:
         start = latest_checkpoint(seed_dir)
         self.recorder.truncate_after(seed, start)
+        self.current_round = start
         executor = self.make_executor()
         try:
             setup = build_setup(self.cfg, seed, executor, seed_dir)
@@ -126,6 +120,7 @@ class Driver:
             wall_start = time.perf_counter() - self._wall_time(seed, start)
             cumulative = self._cumulative_bits(seed, start)
             for round_index in range(start + 1, self.cfg.rounds + 1):
+                self.current_round = round_index
                 row = self.run_round(executor, setup, seed, round_index, cumulative)
                 cumulative = [row["cum_bits_up"], row["cum_bits_down"]]
                 self._finish_round(row, wall_start)

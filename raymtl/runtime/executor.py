@@ -24,6 +24,15 @@ log = logging.getLogger(__name__)
 REHOSTABLE_ROLES = ("leader",)
 
 
+class HostsLost(RuntimeError):
+    """Hosts died during a call and the federation cannot go on without them: the driver
+    rolls the whole federation back to its last complete checkpoint and replays."""
+
+    def __init__(self, method: str, hosts: list[str], nodes: dict[str, str], detail: str):
+        self.method, self.hosts, self.nodes, self.detail = method, hosts, nodes, detail
+        super().__init__(f"hosts lost during {method}: {', '.join(hosts)} ({detail})")
+
+
 class Executor(ABC):
     """Starts hosts, runs phases on them, gathers metrics and checkpoints."""
 
@@ -32,6 +41,7 @@ class Executor(ABC):
         self.hosts: dict[str, object] = {}
         self.members: dict[str, tuple[str, ...]] = {}  # host name -> participants
         self.specs: dict[str, HostSpec] = {}
+        self.nodes: dict[str, str] = {}  # host name -> the node it runs on
 
     @abstractmethod
     def clients_per_actor(self, num_clients: int) -> int: ...
@@ -166,21 +176,17 @@ class RayExecutor(Executor):
         else:  # coordinators are light: they must not take a CPU slot from the clients
             resources = {"num_cpus": 0}
         actor_cls = ACTOR_OF_ROLE[role]
-        # A call that meets a restarting actor is retried on the restarted one, which has
-        # reloaded its participants from the last checkpoint.
-        restarts = self.runtime.max_restarts
+        # No Ray restarts: an actor restarted alone would reload an older checkpoint than its
+        # peers hold. A lost host rolls the whole federation back instead (driver.py).
         return actor_cls.options(
-            name=f"raymtl-{self.tag}-{name}",
-            max_restarts=restarts,
-            max_task_retries=restarts,
-            **resources,
+            name=f"raymtl-{self.tag}-{name}", max_restarts=0, max_task_retries=0, **resources
         ).remote(spec)
 
     def _call(self, method, calls):
         refs = {
             name: getattr(self.hosts[name], method).remote(*args) for name, args in calls.items()
         }
-        results, failed = {}, []
+        results, failed, detail = {}, [], ""
         for name, ref in refs.items():
             try:
                 results[name] = self._ray.get(ref)
@@ -190,7 +196,8 @@ class RayExecutor(Executor):
                     results[name] = self._rehost(name, method, calls[name])
                 else:
                     failed.append(name)
-        self._check_quorum(calls, failed)
+                    detail = detail or " ".join(str(error).split())[:200]
+        self._check_quorum(method, calls, failed, detail)
         return results
 
     def _rehost(self, name: str, method: str, args: tuple):
@@ -205,22 +212,22 @@ class RayExecutor(Executor):
         log.warning("host %s replaced (%d); repeating %s", name, self.rehosted[name], method)
         return self._ray.get(getattr(handle, method).remote(*args))
 
-    def _check_quorum(self, calls: dict, failed: list[str]) -> None:
+    def _check_quorum(self, method: str, calls: dict, failed: list[str], detail: str) -> None:
         """A call proceeds when enough of the participants it reached answered."""
         if not failed:
             return
         reached = sum(len(self.members[name]) for name in calls)
         lost = sum(len(self.members[name]) for name in failed)
-        if reached - lost < self.runtime.min_clients_fraction * reached:
-            raise RuntimeError(
-                f"runtime.min_clients_fraction: only {reached - lost} of {reached} "
-                f"participants answered (hosts lost: {', '.join(failed)})"
-            )
+        coordinator = any(role_of(self.members[name][0]) != "client" for name in failed)
+        if coordinator or reached - lost < self.runtime.min_clients_fraction * reached:
+            nodes = {name: self.nodes.get(name, "?") for name in failed}
+            raise HostsLost(method, failed, nodes, f"only {reached - lost} of {reached} "
+                            f"participants answered; {detail}")  # fmt: skip
 
     def start(self, specs):
         super().start(specs)
-        # Fail fast (and time set-up separately from rounds): every actor is built.
-        self._call("ping", {name: () for name in self.hosts})
+        # Fail fast (and time set-up separately from rounds): every actor is built; where.
+        self.nodes = self._call("node", {name: () for name in self.hosts})
 
     def shutdown(self):
         for handle in {id(h): h for h in [*self.hosts.values(), self.graph]}.values():

@@ -243,6 +243,10 @@ class ParticipantHost:
     def ping(self) -> bool:
         return True
 
+    def node(self) -> str:
+        """The node this host runs on (Ray's node id; 'local' in process)."""
+        return "local"
+
     def peak_memory(self) -> int:
         """The peak resident memory of this host's process so far, in bytes (Linux: KiB)."""
         import resource

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from raymtl.cli import app
 from raymtl.runtime import resume_experiment, run_experiment
 from raymtl.runtime.router import Envelope
-from tests.conftest import kill_host_after_round, write_experiment
+from tests.conftest import write_experiment
 
 pytestmark = pytest.mark.ray
 
@@ -128,16 +128,3 @@ def test_inline_and_ray_executors_agree_exactly(ray_session, make_config, tmp_pa
     )
     columns = ["round", "client", "loss", "accuracy", "samples", "bits_up", "bits_down"]
     pd.testing.assert_frame_equal(final_clients(inline)[columns], final_clients(remote)[columns])
-
-
-def test_a_killed_client_actor_restarts_from_its_checkpoint(ray_session, make_config, tmp_path):
-    """Ray restarts the actor (max_restarts); it reloads its clients from the last checkpoint."""
-    settings = {"runtime.executor": "ray", "rounds": 3, "checkpoint_every": 1}
-    whole = run_experiment(make_config(**settings), tmp_path / "whole")
-    killed = []
-    kill_after_round_one = kill_host_after_round(ray_session, "clients-0", 1, True, killed)
-    cfg = make_config(**settings, **{"runtime.max_restarts": 1})
-    recovered = run_experiment(cfg, tmp_path / "recovered", progress=kill_after_round_one)
-    assert killed
-    columns = ["round", "client", "loss", "accuracy"]
-    pd.testing.assert_frame_equal(final_clients(whole)[columns], final_clients(recovered)[columns])
