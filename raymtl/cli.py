@@ -79,6 +79,9 @@ def run(
         if resume is not None:
             from raymtl.runtime import resume_experiment
 
+            if file is not None and "=" not in file:
+                fail(f"run: give an experiment file or --resume RUN_DIR, not both ('{file}')")
+            overrides = [file, *(overrides or [])] if file else overrides  # all overrides
             cfg = load_config(resume / "config.yaml", overrides or [])
             with progress_bar() as progress:
                 run_dir = resume_experiment(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raymtl.config import ConfigError, ExperimentConfig, apply_override, load_raw, parse_config
+from raymtl.runtime_paths import make_directory
 
 
 def expand_experiments(items: list[str]) -> list[ExperimentConfig]:
@@ -24,7 +25,8 @@ def expand_experiments(items: list[str]) -> list[ExperimentConfig]:
     fan_key, fan_values = None, [None]
     for item in overrides:
         key, _, value = item.partition("=")
-        if "," in value:
+        # A YAML list or mapping (rotations=[0,90]) is one value, not values to fan out.
+        if "," in value and not value.lstrip().startswith(("[", "{")):
             if fan_key is not None:
                 raise ConfigError(f"{key}: only one override may list several values")
             fan_key, fan_values = key, [v.strip() for v in value.split(",")]
@@ -68,7 +70,9 @@ def compare_experiments(
         if out
         else Path(configs[0].output.dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out: '{out}' exists and is not empty; compare writes a new directory")
+    make_directory(out)
     runs: dict[str, Path] = {}
     for cfg in configs:
         runs[cfg.name] = run_one(cfg, out / cfg.name)

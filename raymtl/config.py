@@ -8,11 +8,12 @@ that names the field (`ConfigError`).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from raymtl.algorithms.base import Params
 from raymtl.algorithms.registry import get_algorithm
@@ -115,7 +116,11 @@ class OutputConfig(Section):
 
 
 class ExperimentConfig(Section):
-    name: str = "experiment"
+    name: str = Field(
+        "experiment",
+        min_length=1,
+        description="the run's folder name inside output.dir: no path separators",
+    )
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
@@ -126,6 +131,16 @@ class ExperimentConfig(Section):
     checkpoint_every: int = Field(5, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     output: OutputConfig = OutputConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name_stays_in_output_dir(cls, name: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.=,+-]*", name):
+            raise ValueError(
+                f"'{name}' may hold only letters, digits and _ . = , + - (it names the run's "
+                "folder inside output.dir)"
+            )
+        return name
 
     @model_validator(mode="after")
     def _check_combinations(self) -> ExperimentConfig:
@@ -150,11 +165,30 @@ def apply_override(raw: dict, assignment: str) -> None:
     *parents, leaf = path.split(".")
     node = raw
     for part in parents:
+        if isinstance(node, list):  # data.tasks.2.source: an item of a list
+            node = list_item(node, part, path)
+            continue
         child = node.setdefault(part, {})
-        if not isinstance(child, dict):
+        if not isinstance(child, dict | list):
             raise ConfigError(f"{path}: '{part}' is not a section")
         node = child
-    node[leaf] = yaml.safe_load(value)
+    try:
+        value = yaml.safe_load(value)
+    except yaml.YAMLError:
+        problem = f"'{value}' is not a YAML value (quote strings, close brackets)"
+        raise ConfigError(f"{path}: {problem}") from None
+    if isinstance(node, list):
+        list_item(node, leaf, path)  # checks the index
+        node[int(leaf)] = value
+    else:
+        node[leaf] = value
+
+
+def list_item(items: list, part: str, path: str):
+    """The item `part` (an index) of a list along an override's path."""
+    if not part.isdigit() or int(part) >= len(items):
+        raise ConfigError(f"{path}: '{part}' is not an index of a list of {len(items)} items")
+    return items[int(part)]
 
 
 def parse_config(raw: dict) -> ExperimentConfig:

@@ -14,7 +14,8 @@ from raymtl.config_checks import partition_has_tasks
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # inf and NaN are never a setting (lr=.inf once became `lr: null` in config.yaml)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PartitionConfig(Section):

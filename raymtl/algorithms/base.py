@@ -171,7 +171,7 @@ class StepContext:
 class Params(BaseModel):
     """Base of every algorithm's typed, frozen hyperparameters."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class LocalTrainingParams(Params):

@@ -12,6 +12,7 @@ from raymtl.metrics import plot_run, summarize
 from raymtl.runtime.driver import Driver
 from raymtl.runtime.executor import InlineExecutor, RayExecutor
 from raymtl.runtime.setup import check_federation
+from raymtl.runtime_paths import make_directory
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,10 @@ def start_ray(cfg: ExperimentConfig) -> float:
     runtime = cfg.runtime
     if runtime.address:  # a cluster: `ray job submit --working-dir .` ships the code
         ray.init(address=runtime.address, log_to_driver=False)
-    else:  # workers use this interpreter, where raymtl is installed
+    else:  # a Ray of its own ("local": never a `ray start` head running here); workers use
+        # this interpreter, where raymtl is installed
         ray.init(
+            address="local",
             num_cpus=runtime.num_cpus,
             include_dashboard=runtime.dashboard,
             dashboard_host="127.0.0.1",
@@ -43,8 +46,7 @@ def new_run_dir(cfg: ExperimentConfig) -> Path:
     run_dir, suffix = base, 1
     while run_dir.exists():
         run_dir, suffix = base.with_name(f"{base.name}-{suffix}"), suffix + 1
-    run_dir.mkdir(parents=True)
-    return run_dir
+    return make_directory(run_dir)  # absolute: printed and returned as such
 
 
 def executor_factory(cfg: ExperimentConfig) -> Callable:
@@ -65,8 +67,7 @@ def run_experiment(
     # A missing dataset or a partition the data cannot give is a one-line ConfigError
     # here, before Ray starts and before an empty run directory is left behind.
     check_federation(cfg)  # partition, tasks and models: what the algorithm can run
-    run_dir = Path(run_dir) if run_dir else new_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_directory(Path(run_dir), exist_ok=True) if run_dir else new_run_dir(cfg)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     return _drive(cfg, run_dir, progress, stop_after)
 
@@ -78,8 +79,41 @@ def resume_experiment(
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--resume: '{run_dir}' has no config.yaml (not a run directory)")
+    saved = load_config(run_dir / "config.yaml")
     cfg = load_config(run_dir / "config.yaml", list(overrides))
+    check_resumable(saved, cfg)
+    if cfg.rounds > saved.rounds:  # a longer run: finished seeds go on from their checkpoint
+        for done in (run_dir / "checkpoints").glob("seed*/DONE"):
+            done.unlink()
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     return _drive(cfg, run_dir, progress, None)
+
+
+# What a resume may change: the rounds (only more), and where and how it runs (the executors
+# give identical results: a run may resume on another machine or cluster).
+RESUMABLE_CHANGES = ("rounds", "runtime")
+
+
+def check_resumable(saved: ExperimentConfig, cfg: ExperimentConfig) -> None:
+    """Refuse, in one line naming the field, a resume whose config changed what the run is."""
+    if cfg.rounds < saved.rounds:
+        raise ConfigError(f"rounds: {cfg.rounds} < {saved.rounds} of the run (it may only grow)")
+    before, after = saved.model_dump(mode="json"), cfg.model_dump(mode="json")
+    for field, old, new in changed_fields(before, after):
+        if field.split(".")[0] not in RESUMABLE_CHANGES:
+            raise ConfigError(
+                f"{field}: {old!r} in the run, {new!r} now; --resume keeps the run's settings "
+                "(only rounds may grow; start a new run instead)"
+            )
+
+
+def changed_fields(before, after, prefix: str = ""):
+    """(dotted field, old, new) for every leaf that differs between two config mappings."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in sorted(set(before) | set(after)):
+            yield from changed_fields(before.get(key), after.get(key), f"{prefix}{key}.")
+    elif before != after:
+        yield prefix.rstrip("."), before, after
 
 
 def _drive(cfg, run_dir, progress, stop_after) -> Path:

@@ -1,0 +1,93 @@
+"""What a user types that must not hurt: bad overrides and paths are one line and exit 2;
+--resume keeps the run's settings (only rounds may grow) and never drops an override; the
+Python API runs and loads a run. InlineExecutor: no Ray needed."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import raymtl
+from raymtl.cli import app
+from raymtl.config import ConfigError
+from tests.conftest import write_experiment as write
+
+BAD_OVERRIDES = {
+    "rounds=[1,": "rounds: '[1,' is not a YAML value",
+    "algorithm.params.lr=.inf": "algorithm.params.lr: Input should be a finite number",
+    "data.partition.alpha=.nan": "data.partition.alpha: Input should be a finite number",
+    "name=../../x": "name: '../../x' may hold only letters",
+}
+
+
+def one_line_exit_2(result, expected: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert expected in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize("override", sorted(BAD_OVERRIDES))
+def test_a_bad_override_is_one_line(tmp_path, override):
+    result = CliRunner().invoke(app, ["run", str(write(tmp_path)), override])
+    one_line_exit_2(result, BAD_OVERRIDES[override])
+    assert not any(p.is_dir() for p in tmp_path.iterdir())  # no run directory left behind
+
+
+def test_an_unwritable_output_dir_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = CliRunner().invoke(app, ["run", str(write(tmp_path)), f"output.dir={blocker}/runs"])
+    one_line_exit_2(result, "output.dir: cannot create")
+
+
+def test_compare_takes_a_list_as_one_value_and_never_writes_into_a_used_directory(tmp_path):
+    path = write(tmp_path, **{"rounds": 1, "data.partition.kind": "iid"})
+    out = tmp_path / "cmp"
+    args = ["compare", str(path), "data.partition.rotations=[0,90]", "algorithm.name=fedavg,local"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load((out / "test-local" / "config.yaml").read_text())
+    assert config["data"]["partition"]["rotations"] == [0, 90]
+    again = CliRunner().invoke(app, [*args, "--out", str(out)])
+    one_line_exit_2(again, "--out: ")
+
+
+def interrupted(tmp_path, **overrides):
+    """A 3-round run stopped after round 2 (round-2 checkpoint complete)."""
+    from raymtl.config import load_config
+    from raymtl.runtime import run_experiment
+
+    path = write(tmp_path, **{"rounds": 3, "checkpoint_every": 1, **overrides})
+    return run_experiment(load_config(path), tmp_path / "run", stop_after=2)
+
+
+def test_resume_refuses_a_changed_setting_in_one_line(tmp_path):
+    run_dir = interrupted(tmp_path)
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "algorithm.params.lr=0.5"])
+    one_line_exit_2(result, "algorithm.params.lr: 0.1 in the run, 0.5 now; --resume keeps")
+    fewer = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "rounds=1"])
+    one_line_exit_2(fewer, "rounds: 1 < 3 of the run")
+
+
+def test_resume_applies_more_rounds_even_after_the_run_finished(tmp_path):
+    run_dir = interrupted(tmp_path)
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "rounds=4"])
+    assert result.exit_code == 0, result.output
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+    assert rounds["round"].tolist() == [1, 2, 3, 4]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["rounds"] == 4
+    longer = raymtl.resume(run_dir, overrides=["rounds=5"])  # a finished run goes on too
+    assert pd.read_parquet(longer / "rounds.parquet")["round"].tolist() == [1, 2, 3, 4, 5]
+
+
+def test_the_python_api_runs_and_loads_results(tmp_path):
+    run_dir = raymtl.run(write(tmp_path), overrides=["rounds=1", "output.plots=false"])
+    assert run_dir.is_absolute() and run_dir.parent == tmp_path
+    results = raymtl.load_results(run_dir)
+    assert results.config["rounds"] == 1 and list(results.rounds["round"]) == [1]
+    assert set(results.clients["client"]) == set(range(6)) and not results.messages.empty
+    assert results.summary["final"]["mean_accuracy"]["mean"] >= 0
+    with pytest.raises(ConfigError, match="has no config.yaml"):
+        raymtl.load_results(tmp_path)
