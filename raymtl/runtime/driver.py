@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -149,7 +150,7 @@ class Driver:
         """All phases of one round, then evaluation; returns the round's row."""
         n = setup.federation.num_clients
         sampled = sample_clients(seed, round_index, n, self.params.sample_fraction)
-        router, holders = Router(), {}
+        router, holders, warned = Router(), {}, Counter()
         for phase in self._algorithm.phases(round_index, self.cfg.rounds):
             inboxes = router.take(self._participants(phase, setup, sampled, router))
             envelopes, records = executor.run_phase(round_index, phase, inboxes, sampled)
@@ -159,6 +160,11 @@ class Driver:
                     holders[row["participant"]] = row["client"]
                 else:
                     self.recorder.add_rows(table, [{"seed": seed, "round": round_index, **row}])
+                if table == "warnings":
+                    warned[(row["participant"], row["message"])] += 1
+        for (participant, message), count in sorted(warned.items()):  # on the console too
+            log.warning("seed %d round %d, %s: %s (x%d)", seed, round_index, participant,
+                        message, count)  # fmt: skip
         if router.undelivered():
             raise RuntimeError(f"round {round_index}: messages left undelivered")
         ledger = charge(router.drain_ledger(), holders)

@@ -66,6 +66,26 @@ def checkpoint_file(directory: Path, participant: str) -> Path:
     return directory / f"{participant.replace('/', '_')}.pt"
 
 
+class AlgorithmWarnings(logging.Handler):
+    """Collects the warnings algorithm code logs during a step (a rejected non-finite update):
+    they become rows of warnings.parquet and lines on the driver's console, not lines lost in
+    a worker's log."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self):
+        logging.getLogger("raymtl.algorithms").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("raymtl.algorithms").removeHandler(self)
+
+
 class ParticipantHost:
     """Holds participants' states and runs the algorithm's steps on them."""
 
@@ -174,7 +194,12 @@ class ParticipantHost:
                 sampled=sampled,
                 federation=self.spec.federation,
             )
-            state, outbox = step(self.states[participant], inbox, ctx)
+            with AlgorithmWarnings() as warned:  # e.g. a non-finite update left out
+                state, outbox = step(self.states[participant], inbox, ctx)
+            ctx.records.extend(
+                ("warnings", {"participant": participant, "step": phase.step, "message": text})
+                for text in warned.messages
+            )
             self.states[participant] = state
             for message in outbox:
                 if id(message.tensors) not in stored:

@@ -91,3 +91,12 @@ def test_the_python_api_runs_and_loads_results(tmp_path):
     assert results.summary["final"]["mean_accuracy"]["mean"] >= 0
     with pytest.raises(ConfigError, match="has no config.yaml"):
         raymtl.load_results(tmp_path)
+
+
+def test_rejected_non_finite_updates_reach_the_console_and_a_table(tmp_path, caplog):
+    run_dir = raymtl.run(write(tmp_path), overrides=["algorithm.params.lr=1e12"])
+    warnings = pd.read_parquet(run_dir / "warnings.parquet")
+    assert set(warnings["participant"]) == {"server"} and len(warnings) == 2 * 6
+    assert warnings["message"].str.contains("non-finite update").all()
+    driver = [r.getMessage() for r in caplog.records if r.name == "raymtl.runtime.driver"]
+    assert any("round 2, server: rejected a non-finite update" in line for line in driver)
