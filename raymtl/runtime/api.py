@@ -39,8 +39,19 @@ def start_ray(cfg: ExperimentConfig) -> float:
     return time.perf_counter() - began
 
 
+def check_output_dir(cfg: ExperimentConfig) -> None:
+    """Inside a `ray job submit` job the working directory is Ray's unpacked copy of the
+    code: a relative output.dir would put the results there, and they would go with it."""
+    if not Path(cfg.output.dir).is_absolute() and "_ray_pkg_" in str(Path.cwd()):
+        raise ConfigError(
+            f"output.dir: '{cfg.output.dir}' is relative inside a Ray job (it would land in "
+            "Ray's package folder); give an absolute path on storage every node shares"
+        )
+
+
 def new_run_dir(cfg: ExperimentConfig) -> Path:
     """runs/<name>-<timestamp>, made unique if two runs start in the same second."""
+    check_output_dir(cfg)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(cfg.output.dir) / f"{cfg.name}-{stamp}"
     run_dir, suffix = base, 1
