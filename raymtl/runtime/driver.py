@@ -30,8 +30,13 @@ from raymtl.algorithms.training import derive_seed
 from raymtl.config import ExperimentConfig
 from raymtl.metrics import Recorder, fairness_stats
 from raymtl.runtime.accounting import charge, link_direction, round_bits
+from raymtl.runtime.checkpoints import (
+    check_shared,
+    checkpoint_dir,
+    latest_checkpoint,
+    verify_checkpoint,
+)
 from raymtl.runtime.executor import Executor, HostsLost
-from raymtl.runtime.host import checkpoint_dir, latest_checkpoint
 from raymtl.runtime.router import Router
 from raymtl.runtime.setup import build_setup
 
@@ -116,8 +121,9 @@ class Driver:
         self.current_round = start
         executor = self.make_executor()
         try:
-            setup = build_setup(self.cfg, seed, executor, seed_dir)
+            setup = build_setup(self.cfg, seed, executor, seed_dir, resume_round=start)
             executor.start(setup.specs)
+            check_shared(seed_dir / ".probe", executor)
             wall_start = time.perf_counter() - self._wall_time(seed, start)
             cumulative = self._cumulative_bits(seed, start)
             for round_index in range(start + 1, self.cfg.rounds + 1):
@@ -236,6 +242,7 @@ class Driver:
         """Hosts save their own states; then metrics; then the COMPLETE marker."""
         directory = checkpoint_dir(seed_dir, round_index)
         executor.save(str(directory))
+        verify_checkpoint(directory, executor.participants())
         self.recorder.flush()
         (directory / "COMPLETE").write_text(json.dumps({"round": round_index}))
 

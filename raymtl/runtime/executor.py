@@ -98,6 +98,15 @@ class Executor(ABC):
         """Peak resident bytes of every host's process (inline: all the same process)."""
         return self._call("peak_memory", {name: () for name in self.hosts})
 
+    def participants(self) -> list[str]:
+        """Every participant the hosts hold now."""
+        return [p for members in self.members.values() for p in members]
+
+    def probe(self, directory: str) -> dict[str, bool]:
+        """Each host writes `<directory>/<host>` and reports whether it sees the driver's
+        marker there (check_shared in driver.py)."""
+        return self._call("probe", {name: (directory, name) for name in self.hosts})
+
     def save(self, directory: str) -> None:
         """Every host writes its own participants' state (nothing goes through the driver)."""
         self._call("save", {name: (directory,) for name in self.hosts})

@@ -28,6 +28,7 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import derive_seed, evaluate
 from raymtl.config import ExperimentConfig
 from raymtl.models.registry import num_params
+from raymtl.runtime.checkpoints import checkpoint_dir, checkpoint_file
 from raymtl.runtime.router import Envelope
 
 log = logging.getLogger(__name__)
@@ -44,26 +45,11 @@ class HostSpec:
     seed: int
     torch_threads: int = 1
     device: str = "cpu"
-    # The seed's checkpoint root: a (re)started host resumes from its latest complete
-    # checkpoint, so an actor restarted by Ray after a crash reloads its clients' state.
+    # The seed's checkpoint root, and the round the driver resumes from (0: the start). The
+    # driver decides it from the COMPLETE markers it sees: every host loads that same round.
     checkpoint_root: str | None = None
+    resume_round: int = 0
     public: object = None  # data.domains.PublicShard, decoded only if the algorithm uses it
-
-
-def latest_checkpoint(seed_dir: Path) -> int:
-    """The last round under `seed_dir` with a complete checkpoint (0 = none)."""
-    rounds = [int(p.parent.name.removeprefix("round")) for p in seed_dir.glob("round*/COMPLETE")]
-    return max(rounds, default=0)
-
-
-def checkpoint_dir(seed_dir: Path, round_index: int) -> Path:
-    """The directory of the checkpoint taken after `round_index`."""
-    return seed_dir / f"round{round_index:05d}"
-
-
-def checkpoint_file(directory: Path, participant: str) -> Path:
-    """Where a participant's state is saved inside a checkpoint directory."""
-    return directory / f"{participant.replace('/', '_')}.pt"
 
 
 class AlgorithmWarnings(logging.Handler):
@@ -101,10 +87,8 @@ class ParticipantHost:
             data = self._client_data(participant)
             self.states[participant] = self.algorithm.init_state(participant, data, spec.federation)
         self._building = None
-        if spec.checkpoint_root:
-            last = latest_checkpoint(Path(spec.checkpoint_root))
-            if last:
-                self.load(str(checkpoint_dir(Path(spec.checkpoint_root), last)))
+        if spec.checkpoint_root and spec.resume_round:
+            self.load(str(checkpoint_dir(Path(spec.checkpoint_root), spec.resume_round)))
 
     # -- payloads: in-process copies here, Ray's object store in actors.py
     def put(self, tensors: dict[str, torch.Tensor]):
@@ -256,8 +240,14 @@ class ParticipantHost:
     def load(self, directory: str) -> None:
         """Restore hosted participants from a checkpoint directory (data is rebuilt)."""
         for participant, state in self.states.items():
+            path = checkpoint_file(Path(directory), participant)
+            if not path.is_file():  # never silently start from the initial model
+                raise FileNotFoundError(
+                    f"output.dir: checkpoint file {path} is not visible on node {self.node()} "
+                    "(output.dir must be storage every node shares)"
+                )
             blob = torch.load(
-                checkpoint_file(Path(directory), participant),
+                path,
                 map_location=self.spec.device,
                 weights_only=True,  # tensors and plain data only: a file cannot run code
             )
@@ -271,6 +261,14 @@ class ParticipantHost:
     def node(self) -> str:
         """The node this host runs on (Ray's node id; 'local' in process)."""
         return "local"
+
+    def probe(self, directory: str, name: str) -> bool:
+        """Write `<directory>/<name>` and say whether the driver's marker `driver` is there:
+        the driver checks it sees every host's file (a shared output.dir)."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(self.node())
+        return (path / "driver").is_file()
 
     def peak_memory(self) -> int:
         """The peak resident memory of this host's process so far, in bytes (Linux: KiB)."""

@@ -116,7 +116,9 @@ def check_task_support(cfg: ExperimentConfig, specs) -> None:
         )
 
 
-def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: Path) -> Setup:
+def build_setup(
+    cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: Path, resume_round: int = 0
+) -> Setup:
     """Partition the data, build the topology and lay participants out on hosts."""
     pool, shards, specs, public = partition(cfg, seed)
     federation = build_federation(cfg, seed, executor, pool, shards, specs)
@@ -135,6 +137,7 @@ def build_setup(cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: 
             torch_threads=max(1, int(cfg.runtime.num_cpus_per_actor)),
             device=client_device(cfg) if members[0].startswith("client") else "cpu",
             checkpoint_root=str(seed_dir),
+            resume_round=resume_round,
         )
         for name, members in host_layout(cfg, federation, executor).items()
     }

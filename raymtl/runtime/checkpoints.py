@@ -1,0 +1,55 @@
+"""Where checkpoints live, and the checks that make them safe on a cluster.
+
+Every host writes its own participants' files into `<seed dir>/round<k>/`; the driver writes
+`COMPLETE` only once it sees every participant's file there, and a (re)started host loads the
+round the driver names, failing loudly when a file is not visible on its node. Before the
+first round, `check_shared` proves the driver and every host see each other's files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raymtl.config import ConfigError
+
+
+def latest_checkpoint(seed_dir: Path) -> int:
+    """The last round under `seed_dir` with a complete checkpoint (0 = none)."""
+    rounds = [int(p.parent.name.removeprefix("round")) for p in seed_dir.glob("round*/COMPLETE")]
+    return max(rounds, default=0)
+
+
+def checkpoint_dir(seed_dir: Path, round_index: int) -> Path:
+    """The directory of the checkpoint taken after `round_index`."""
+    return seed_dir / f"round{round_index:05d}"
+
+
+def checkpoint_file(directory: Path, participant: str) -> Path:
+    """Where a participant's state is saved inside a checkpoint directory."""
+    return directory / f"{participant.replace('/', '_')}.pt"
+
+
+def check_shared(directory: Path, executor) -> None:
+    """Every host writes a file under `directory` and looks for the driver's: both sides must
+    see each other's, or checkpoints written on one node are lost to the others."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "driver").write_text("driver")
+    sees_driver = executor.probe(str(directory))
+    hidden = [name for name, seen in sees_driver.items()
+              if not seen or not (directory / name).is_file()]  # fmt: skip
+    if hidden:
+        nodes = sorted({executor.nodes.get(name, "?") for name in hidden})
+        raise ConfigError(
+            f"output.dir: '{directory.parents[2]}' is not shared between the driver and the "
+            f"hosts on node(s) {', '.join(nodes)}; use storage every node mounts at one path"
+        )
+
+
+def verify_checkpoint(directory: Path, participants: list[str]) -> None:
+    """COMPLETE only when every participant's state is there (as the driver sees it)."""
+    missing = [p for p in participants if not checkpoint_file(directory, p).is_file()]
+    if missing:
+        raise ConfigError(
+            f"output.dir: {len(missing)} checkpoint files (e.g. {missing[0]}'s) were written by "
+            "their hosts but are not visible to the driver: use storage every node shares"
+        )
