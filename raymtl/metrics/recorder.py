@@ -50,6 +50,9 @@ ROUNDS_SCHEMA = pa.schema(
         ("cum_bits_down", pa.int64()),
         ("cum_bits", pa.int64()),
         ("wall_time", pa.float64()),
+        # min_clients_fraction < 1: clients the run went on without, and those left
+        ("clients_lost", pa.int64()),
+        ("clients_answered", pa.int64()),
     ]
 )
 

@@ -8,6 +8,7 @@ first round, `check_shared` proves the driver and every host see each other's fi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from raymtl.config import ConfigError
@@ -17,6 +18,14 @@ def latest_checkpoint(seed_dir: Path) -> int:
     """The last round under `seed_dir` with a complete checkpoint (0 = none)."""
     rounds = [int(p.parent.name.removeprefix("round")) for p in seed_dir.glob("round*/COMPLETE")]
     return max(rounds, default=0)
+
+
+def lost_at(seed_dir: Path, round_index: int) -> list[str]:
+    """The participants a checkpoint's federation goes on without (min_clients_fraction)."""
+    if not round_index:
+        return []
+    complete = json.loads((checkpoint_dir(seed_dir, round_index) / "COMPLETE").read_text())
+    return list(complete.get("lost", []))
 
 
 def checkpoint_dir(seed_dir: Path, round_index: int) -> Path:

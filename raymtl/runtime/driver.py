@@ -34,6 +34,7 @@ from raymtl.runtime.checkpoints import (
     check_shared,
     checkpoint_dir,
     latest_checkpoint,
+    lost_at,
     verify_checkpoint,
 )
 from raymtl.runtime.executor import Executor, HostsLost
@@ -121,7 +122,9 @@ class Driver:
         self.current_round = start
         executor = self.make_executor()
         try:
-            setup = build_setup(self.cfg, seed, executor, seed_dir, resume_round=start)
+            lost = lost_at(seed_dir, start)  # the federation as that checkpoint holds it
+            setup = build_setup(self.cfg, seed, executor, seed_dir, start, lost)
+            executor.lost = set(lost)
             executor.start(setup.specs)
             check_shared(seed_dir / ".probe", executor)
             wall_start = time.perf_counter() - self._wall_time(seed, start)
@@ -158,9 +161,10 @@ class Driver:
         sampled = sample_clients(seed, round_index, n, self.params.sample_fraction)
         router, holders, warned = Router(), {}, Counter()
         for phase in self._algorithm.phases(round_index, self.cfg.rounds):
-            inboxes = router.take(self._participants(phase, setup, sampled, router))
+            inboxes = router.take(self._participants(phase, executor, sampled, router))
             envelopes, records = executor.run_phase(round_index, phase, inboxes, sampled)
-            router.deliver(seed, round_index, envelopes)
+            self.record_dropped(seed, executor, router)
+            router.deliver(seed, round_index, envelopes, executor.lost)
             for table, row in records:
                 if table == HOLDER_TABLE:  # who holds a role (a task leader) this round
                     holders[row["participant"]] = row["client"]
@@ -189,10 +193,27 @@ class Driver:
         }
         if self._eval_due(round_index):
             row.update(self._evaluate(executor, setup, seed, round_index, ledger))
+            self.record_dropped(seed, executor, router)
+        lost_clients = sum(role_of(p) == "client" for p in executor.lost)
+        row.update(clients_lost=lost_clients, clients_answered=n - lost_clients)
         return row
 
-    def _participants(self, phase, setup, sampled, router) -> list[str]:
-        members = [p for spec in setup.specs.values() for p in spec.participants]
+    def record_dropped(self, seed: int, executor, router: Router) -> None:
+        """Client hosts lost with enough participants left (min_clients_fraction): the run goes
+        on without them; what they were handed was not delivered (not counted)."""
+        for drop in executor.drain_dropped():
+            router.retract(set(drop["participants"]))
+            action = f"continued without {', '.join(drop['participants'])}"
+            self.recorder.add_rows("faults", [{
+                "seed": seed, "round": self.current_round, "host": drop["host"],
+                "node": drop["node"], "during": drop["during"], "recovery": 0,
+                "action": action, "rolled_back_to": -1, "seconds_lost": 0.0,
+                "error": drop["error"]}])  # fmt: skip
+            log.warning("seed %d round %d: host %s lost; %s", seed, self.current_round,
+                        drop["host"], action)  # fmt: skip
+
+    def _participants(self, phase, executor, sampled, router) -> list[str]:
+        members = executor.participants()  # the survivors, when the run goes on without some
         of_role = [p for p in members if role_of(p) == phase.role]
         if phase.who == "sampled":
             chosen = {client_name(i) for i in sampled}
@@ -244,7 +265,9 @@ class Driver:
         executor.save(str(directory))
         verify_checkpoint(directory, executor.participants())
         self.recorder.flush()
-        (directory / "COMPLETE").write_text(json.dumps({"round": round_index}))
+        # The federation it holds: without the clients the run went on without.
+        complete = {"round": round_index, "lost": sorted(executor.lost)}
+        (directory / "COMPLETE").write_text(json.dumps(complete))
 
     def _rounds_of(self, seed: int, upto: int):
         frame = self.recorder.rounds()

@@ -42,6 +42,10 @@ class Executor(ABC):
         self.members: dict[str, tuple[str, ...]] = {}  # host name -> participants
         self.specs: dict[str, HostSpec] = {}
         self.nodes: dict[str, str] = {}  # host name -> the node it runs on
+        # min_clients_fraction < 1: client hosts lost for good, and what was lost since the
+        # driver last asked (it records them and drops their messages).
+        self.lost: set[str] = set()
+        self.dropped: list[dict] = []
 
     @abstractmethod
     def clients_per_actor(self, num_clients: int) -> int: ...
@@ -97,6 +101,21 @@ class Executor(ABC):
     def peak_memory(self) -> dict[str, int]:
         """Peak resident bytes of every host's process (inline: all the same process)."""
         return self._call("peak_memory", {name: () for name in self.hosts})
+
+    def drop(self, name: str, method: str, detail: str) -> None:
+        """Go on without client host `name` (its participants are lost for good)."""
+        self.lost.update(self.members[name])
+        self.dropped.append(
+            {"host": name, "node": self.nodes.get(name, "?"), "during": method,
+             "participants": list(self.members[name]), "error": detail}
+        )  # fmt: skip
+        for table in (self.hosts, self.members, self.specs):
+            table.pop(name, None)
+
+    def drain_dropped(self) -> list[dict]:
+        """Hosts dropped since the last call."""
+        dropped, self.dropped = self.dropped, []
+        return dropped
 
     def participants(self) -> list[str]:
         """Every participant the hosts hold now."""
@@ -232,6 +251,8 @@ class RayExecutor(Executor):
             nodes = {name: self.nodes.get(name, "?") for name in failed}
             raise HostsLost(method, failed, nodes, f"only {reached - lost} of {reached} "
                             f"participants answered; {detail}")  # fmt: skip
+        for name in failed:  # enough answered: the run goes on without these clients
+            self.drop(name, method, detail)
 
     def start(self, specs):
         super().start(specs)

@@ -32,23 +32,31 @@ class Router:
     def __init__(self) -> None:
         self._pending: dict[str, list[Envelope]] = defaultdict(list)
         self.ledger: list[dict] = []
+        self._row_of: dict[int, dict] = {}  # id(envelope) -> its ledger row
+        self._taken: dict[str, list[Envelope]] = {}  # what the last `take` handed over
 
-    def deliver(self, seed: int, round_index: int, envelopes: list[Envelope]) -> None:
-        """Queue envelopes for their destinations and record their bits."""
+    def deliver(
+        self, seed: int, round_index: int, envelopes: list[Envelope], lost: set[str] = frozenset()
+    ) -> None:
+        """Queue envelopes for their destinations and record their bits; envelopes to a lost
+        participant (a client the run goes on without) are dropped, and not counted. The last
+        `take` is settled: its envelopes were processed."""
+        self._taken = {}
         for envelope in envelopes:
+            if envelope.dst in lost:
+                continue
             self._pending[envelope.dst].append(envelope)
-            self.ledger.append(
-                {
-                    "seed": seed,
-                    "round": round_index,
-                    "src": envelope.src,
-                    "dst": envelope.dst,
-                    "src_role": role_of(envelope.src),
-                    "dst_role": role_of(envelope.dst),
-                    "kind": envelope.kind,
-                    "bits": envelope.bits,
-                }
-            )
+            self._row_of[id(envelope)] = row = {
+                "seed": seed,
+                "round": round_index,
+                "src": envelope.src,
+                "dst": envelope.dst,
+                "src_role": role_of(envelope.src),
+                "dst_role": role_of(envelope.dst),
+                "kind": envelope.kind,
+                "bits": envelope.bits,
+            }
+            self.ledger.append(row)
 
     def waiting(self) -> set[str]:
         """Participants with envelopes waiting."""
@@ -56,7 +64,15 @@ class Router:
 
     def take(self, participants: list[str]) -> dict[str, list[Envelope]]:
         """Hand the waiting envelopes of `participants` over (they leave the router)."""
-        return {p: self._pending.pop(p, []) for p in participants}
+        self._taken = {p: self._pending.pop(p, []) for p in participants}
+        return self._taken
+
+    def retract(self, participants: set[str]) -> None:
+        """The last `take`'s envelopes for `participants` were never processed (their host was
+        lost): they were not delivered, so their bits are not counted."""
+        for participant in participants:
+            for envelope in self._taken.get(participant, []):
+                self.ledger.remove(self._row_of.pop(id(envelope)))
 
     def undelivered(self) -> list[Envelope]:
         """Envelopes nobody consumed (should be none at the end of a round)."""
@@ -65,4 +81,5 @@ class Router:
     def drain_ledger(self) -> list[dict]:
         """The ledger rows recorded since the last drain."""
         rows, self.ledger = self.ledger, []
+        self._row_of.clear()
         return rows

@@ -117,7 +117,12 @@ def check_task_support(cfg: ExperimentConfig, specs) -> None:
 
 
 def build_setup(
-    cfg: ExperimentConfig, seed: int, executor: Executor, seed_dir: Path, resume_round: int = 0
+    cfg: ExperimentConfig,
+    seed: int,
+    executor: Executor,
+    seed_dir: Path,
+    resume_round: int = 0,
+    lost: list[str] = (),
 ) -> Setup:
     """Partition the data, build the topology and lay participants out on hosts."""
     pool, shards, specs, public = partition(cfg, seed)
@@ -139,7 +144,7 @@ def build_setup(
             checkpoint_root=str(seed_dir),
             resume_round=resume_round,
         )
-        for name, members in host_layout(cfg, federation, executor).items()
+        for name, members in surviving_layout(cfg, federation, executor, lost).items()
     }
     return Setup(federation, by_name, specs)
 
@@ -193,6 +198,13 @@ def check_model(cfg: ExperimentConfig, federation: Federation) -> None:
             build_model(name, federation.input_shape, max(federation.num_classes), **params)
         except ValueError as error:
             raise ConfigError(str(error).splitlines()[0]) from None
+
+
+def surviving_layout(cfg, federation: Federation, executor: Executor, lost) -> dict:
+    """host_layout without the participants the run went on without (hosts left empty go)."""
+    layout = {name: [p for p in members if p not in lost]
+              for name, members in host_layout(cfg, federation, executor).items()}  # fmt: skip
+    return {name: members for name, members in layout.items() if members}
 
 
 def host_layout(cfg: ExperimentConfig, federation: Federation, executor: Executor) -> dict:

@@ -85,3 +85,35 @@ def test_a_lost_worker_node_is_recovered_on_the_nodes_left(tmp_path):
                             text=True, timeout=600, cwd=Path(__file__).parents[2])  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "identical" in result.stdout
+
+
+def test_a_run_may_go_on_without_lost_clients_and_resume_exactly_that_federation(
+    ray_session, make_config, tmp_path
+):
+    """min_clients_fraction 0.5: clients-0's three clients are lost after round 1 for good."""
+    settings = {**SETTINGS, "runtime.min_clients_fraction": 0.5, "checkpoint_every": 1}
+    killed = []
+    cfg = make_config(**settings)
+    run_dir = run_experiment(cfg, tmp_path / "run", kill_once(ray_session, "clients-0", 1, killed),
+                             stop_after=3)  # fmt: skip
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+    assert rounds["clients_answered"].tolist() == [6, 3, 3]
+    assert rounds["clients_lost"].tolist() == [0, 3, 3]
+    clients = pd.read_parquet(run_dir / "clients.parquet")
+    assert set(clients[clients["round"] > 1]["client"]) == {3, 4, 5}
+    messages = pd.read_parquet(run_dir / "messages.parquet")
+    later = messages[messages["round"] > 1]
+    assert not set(later["dst"]) & {"client/0", "client/1", "client/2"}  # never delivered
+    assert not set(later["src"]) & {"client/0", "client/1", "client/2"}
+    (fault,) = pd.read_parquet(run_dir / "faults.parquet").to_dict("records")
+    assert fault["action"] == "continued without client/0, client/1, client/2"
+    complete = json.loads((run_dir / "checkpoints/seed0/round00003/COMPLETE").read_text())
+    assert complete["lost"] == ["client/0", "client/1", "client/2"]
+    assert not list((run_dir / "checkpoints/seed0/round00003").glob("client_0.pt"))
+    from raymtl.runtime import resume_experiment
+
+    resumed = resume_experiment(run_dir)  # rounds 4: the three survivors, as in the checkpoint
+    rounds = pd.read_parquet(resumed / "rounds.parquet")
+    assert rounds["clients_answered"].tolist() == [6, 3, 3, 3]
+    last = pd.read_parquet(resumed / "clients.parquet")
+    assert set(last[last["round"] == 4]["client"]) == {3, 4, 5}
