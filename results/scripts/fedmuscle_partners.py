@@ -26,8 +26,9 @@ DOWNLINK_KINDS = ("tuples", "partners", "public_batch")
 def arm_dirs(main: Path, partners: Path) -> dict[str, Path]:
     arms = {}
     for directory in sorted(partners.iterdir()):
-        if directory.is_dir() and "partners-" in directory.name:
-            arms[f"fedmuscle M={directory.name.rsplit('-', 1)[1]}"] = directory
+        suffix = directory.name.rsplit("-", 1)[-1]  # compare names arms <file>-<value>
+        if directory.is_dir() and suffix.isdigit():
+            arms[f"fedmuscle M={suffix}"] = directory
     arms["fedmuscle M=3"] = next(main.glob("*-fedmuscle"))
     arms["pairwise_infonce (all)"] = next(main.glob("*-pairwise_infonce"))
     return arms
