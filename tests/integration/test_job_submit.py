@@ -1,0 +1,69 @@
+"""`ray job submit` as the README shows it, on a token-authenticated head started here with
+`ray start` (its own processes, temp dir and ports; the session's shared Ray is untouched)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def token_head(tmp_path):
+    """A head with RAY_AUTH_MODE=token: (environment with its token and address, dashboard)."""
+    token = secrets.token_hex(16)
+    # As after `source .venv/bin/activate`: the head's `python` has raymtl's dependencies.
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "PATH": path}
+    env.pop("RAY_ADDRESS", None)
+    gcs, dashboard = free_port(), free_port()
+    temp = Path("/tmp") / f"rj{secrets.token_hex(3)}"  # Ray's socket paths must stay short
+    start = [RAY, "start", "--head", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=true",
+             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
+             f"--temp-dir={temp}", "--disable-usage-stats"]  # fmt: skip
+    subprocess.run(start, env=env, check=True, capture_output=True, timeout=180)
+    try:
+        yield env, f"http://127.0.0.1:{dashboard}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def submit(env, address, output_dir, *extra):
+    entrypoint = ["python", "-m", "raymtl", "run", "jobs/fedavg_digits.yaml",
+                  "runtime.address=auto", "rounds=1", "seeds=[0]", "output.plots=false",
+                  f"output.dir={output_dir}", *extra]  # fmt: skip
+    command = [RAY, "job", "submit", f"--address={address}", "--working-dir", str(ROOT), "--"]
+    return subprocess.run(
+        [*command, *entrypoint], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+
+
+@pytest.mark.slow
+def test_a_job_submitted_with_the_token_runs_and_one_without_is_refused(token_head, tmp_path):
+    env, address = token_head
+    refused = submit({**env, "RAY_AUTH_TOKEN": "not-the-token"}, address, tmp_path / "x")
+    assert refused.returncode != 0
+    result = submit(env, address, tmp_path / "runs")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()  # the absolute output.dir, not Ray's package dir
+    assert str(run_dir) in result.stdout  # printed as an absolute path
+    assert list(pd.read_parquet(run_dir / "rounds.parquet")["round"]) == [1]
+    relative = submit(env, address, "runs")
+    assert relative.returncode != 0 and "output.dir: 'runs' is relative inside a Ray job" in (
+        relative.stdout + relative.stderr
+    )
