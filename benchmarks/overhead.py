@@ -60,7 +60,7 @@ def experiment(args, run_dir: Path) -> dict:
         "rounds": args.rounds,
         "eval_every": args.rounds,
         "checkpoint_every": args.rounds,
-        "runtime": {"executor": "ray", "dashboard": False},
+        "runtime": {"executor": "ray", "dashboard": False, "precision": args.precision},
         "output": {"dir": str(run_dir), "plots": False},
     }
 
@@ -87,7 +87,7 @@ def run_plain(cfg) -> dict:
     """(b): the same FedAvg client updates in one process, one after the other."""
     seed = cfg.seeds[0]
     began = time.perf_counter()
-    pool, shards, _ = partition(cfg, seed)
+    pool, shards, _, _ = partition(cfg, seed)
     clients = [materialize(pool, shard, seed) for shard in shards]
     torch.manual_seed(derive_seed(seed, "model-init"))
     model = build_model("cnn_mnist", tuple(pool.x.shape[1:]), pool.num_classes)
@@ -114,6 +114,7 @@ def record(args, ray_result: dict, plain_result: dict, ratio: float) -> None:
     command = (
         f"benchmarks/overhead.py --dataset {args.dataset} --clients {args.clients} "
         f"--rounds {args.rounds} --epochs {args.epochs} --max-samples {args.max_samples}"
+        + (f" --precision {args.precision}" if args.precision != "fp32" else "")
     )
     machine = f"{platform.machine()}, {torch.get_num_threads()} torch threads, CPU only"
     row = (
@@ -122,8 +123,14 @@ def record(args, ray_result: dict, plain_result: dict, ratio: float) -> None:
         f"{ray_result['setup_s']:.1f} | {ray_result['accuracy']:.3f} / "
         f"{plain_result['accuracy']:.3f} |\n"
     )
-    with RESULTS.open("a") as results:
-        results.write(row)
+    # Into the overhead table (the file holds other benchmarks' sections after it).
+    lines = RESULTS.read_text().splitlines(keepends=True)
+    header = next(i for i, line in enumerate(lines) if line.startswith("| date | machine |"))
+    end = header
+    while end + 1 < len(lines) and lines[end + 1].startswith("|"):
+        end += 1
+    lines.insert(end + 1, row)
+    RESULTS.write_text("".join(lines))
 
 
 def main() -> None:
@@ -134,6 +141,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-samples", type=int, default=500)
     parser.add_argument("--out", default="runs/bench-overhead")
+    parser.add_argument(
+        "--precision", default="fp32", choices=["fp32", "bf16-mixed"],
+        help="raymtl's runtime.precision for (a); the plain loop (b) stays fp32",
+    )  # fmt: skip
     parser.add_argument("--record", action="store_true", help="append the result to RESULTS.md")
     args = parser.parse_args()
     run_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")

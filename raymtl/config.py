@@ -105,6 +105,9 @@ class RuntimeConfig(Section):
         description="bytes (or '16GB', '512MiB') clients' state may take; null = what "
         "the cluster reports",
     )
+    precision: Literal["fp32", "bf16-mixed"] = Field(
+        "fp32", description="bf16-mixed: clients train and evaluate under bfloat16 autocast"
+    )
     max_restarts: int = Field(0, ge=0)
     min_clients_fraction: float = Field(1.0, gt=0, le=1)
     dashboard: bool = True

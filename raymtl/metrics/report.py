@@ -25,7 +25,7 @@ COST_METRICS = {
     "total_bits": "cum_bits",
     "wall_time": "wall_time",
 }
-SUMMARY_METRICS = ACCURACY_METRICS + tuple(COST_METRICS)
+SUMMARY_METRICS = ACCURACY_METRICS + tuple(COST_METRICS) + ("client_updates_per_second",)
 BIT_UNITS = ("b", "Kb", "Mb", "Gb", "Tb", "Pb")
 
 
@@ -42,6 +42,11 @@ def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
     summary = {"seed": int(seed), "round": int(final_eval["round"])}
     summary.update({metric: float(final_eval[metric]) for metric in ACCURACY_METRICS})
     summary.update({key: float(last_row[column]) for key, column in COST_METRICS.items()})
+    # Throughput: local updates over the seed's wall time (rounds only; NaN for old runs).
+    trained = seed_rounds.get("clients_trained")
+    if trained is not None and trained.notna().any():
+        wall = max(float(last_row["wall_time"]), 1e-9)
+        summary["client_updates_per_second"] = float(trained.sum()) / wall
     return summary
 
 
@@ -69,7 +74,9 @@ def summarize(run_dir: Path, algorithm: str) -> dict:
         "algorithm": algorithm,
         "seeds": [row["seed"] for row in per_seed],
         "final": {
-            metric: mean_and_std([row[metric] for row in per_seed]) for metric in SUMMARY_METRICS
+            metric: mean_and_std([row[metric] for row in per_seed])
+            for metric in SUMMARY_METRICS
+            if all(metric in row for row in per_seed)  # older runs lack the newer figures
         },
         "per_seed": per_seed,
     }

@@ -38,10 +38,24 @@ from raymtl.runtime.checkpoints import (
     verify_checkpoint,
 )
 from raymtl.runtime.executor import Executor, HostsLost
+from raymtl.runtime.faults import dropped_rows, fault_rows
 from raymtl.runtime.router import Router
 from raymtl.runtime.setup import build_setup
 
 log = logging.getLogger(__name__)
+
+
+# rounds.parquet's seconds by kind of phase: a client's "train" step, the coordinators'
+# steps (server, LPS, graph service, task leaders), the clients' other steps (receiving,
+# aligning), and the evaluation of every client.
+PHASE_KINDS = ("seconds_train", "seconds_aggregate", "seconds_receive")
+
+
+def phase_kind(phase) -> str:
+    """Which of PHASE_KINDS a phase's seconds count towards."""
+    if phase.role != "client":
+        return "seconds_aggregate"
+    return "seconds_train" if phase.step == "train" else "seconds_receive"
 
 
 def sample_clients(seed: int, round_index: int, num_clients: int, fraction: float) -> tuple:
@@ -95,26 +109,17 @@ class Driver:
             except HostsLost as fault:
                 start, recoveries = latest_checkpoint(seed_dir), recoveries + 1
                 recover = recoveries <= self.cfg.runtime.max_restarts
-                self.record_fault(seed, fault, start, recoveries, recover, began)
+                rows = fault_rows(seed, self.current_round, fault, start, recoveries, recover,
+                                  time.perf_counter() - began)  # fmt: skip
+                self.recorder.add_rows("faults", rows)
+                self.recorder.flush()
+                log.warning("seed %d round %d: %s; %s", seed, self.current_round, fault,
+                            rows[0]["action"])  # fmt: skip
                 if not recover:
                     raise RuntimeError(
                         f"runtime.max_restarts: {self.cfg.runtime.max_restarts} recoveries used "
                         f"up; {fault} (faults.parquet has every fault)"
                     ) from None
-
-    def record_fault(self, seed, fault, start: int, count: int, recover: bool, began) -> None:
-        """faults.parquet: when, which hosts on which nodes, and what was done about it."""
-        action = f"rolled back to round {start}, replaying" if recover else "run stopped"
-        rows = [
-            {"seed": seed, "round": self.current_round, "host": host, "node": node,
-             "during": fault.method, "recovery": count, "action": action,
-             "rolled_back_to": start, "seconds_lost": time.perf_counter() - began,
-             "error": fault.detail}
-            for host, node in fault.nodes.items()
-        ]  # fmt: skip
-        self.recorder.add_rows("faults", rows)
-        self.recorder.flush()
-        log.warning("seed %d round %d: %s; %s", seed, self.current_round, fault, action)
 
     def run_from_checkpoint(self, seed: int, seed_dir: Path, stop_after: int | None) -> None:
         start = latest_checkpoint(seed_dir)
@@ -159,24 +164,7 @@ class Driver:
         """All phases of one round, then evaluation; returns the round's row."""
         n = setup.federation.num_clients
         sampled = sample_clients(seed, round_index, n, self.params.sample_fraction)
-        router, holders, warned = Router(), {}, Counter()
-        for phase in self._algorithm.phases(round_index, self.cfg.rounds):
-            inboxes = router.take(self._participants(phase, executor, sampled, router))
-            envelopes, records = executor.run_phase(round_index, phase, inboxes, sampled)
-            self.record_dropped(seed, executor, router)
-            router.deliver(seed, round_index, envelopes, executor.lost)
-            for table, row in records:
-                if table == HOLDER_TABLE:  # who holds a role (a task leader) this round
-                    holders[row["participant"]] = row["client"]
-                else:
-                    self.recorder.add_rows(table, [{"seed": seed, "round": round_index, **row}])
-                if table == "warnings":
-                    warned[(row["participant"], row["message"])] += 1
-        for (participant, message), count in sorted(warned.items()):  # on the console too
-            log.warning("seed %d round %d, %s: %s (x%d)", seed, round_index, participant,
-                        message, count)  # fmt: skip
-        if router.undelivered():
-            raise RuntimeError(f"round {round_index}: messages left undelivered")
+        router, holders, seconds = self.run_phases(executor, seed, round_index, sampled)
         ledger = charge(router.drain_ledger(), holders)
         self.recorder.add_messages(ledger)
         up = sum(r["bits"] for r in ledger if link_direction(r) == "up")
@@ -191,26 +179,50 @@ class Driver:
             "cum_bits_down": cumulative[1],
             "cum_bits": cumulative[0] + cumulative[1],
         }
+        row.update(seconds)
         if self._eval_due(round_index):
+            began = time.perf_counter()
             row.update(self._evaluate(executor, setup, seed, round_index, ledger))
-            self.record_dropped(seed, executor, router)
+            row["seconds_evaluate"] = time.perf_counter() - began
+            self.recorder.add_rows(
+                "faults", dropped_rows(seed, self.current_round, executor, router)
+            )
         lost_clients = sum(role_of(p) == "client" for p in executor.lost)
         row.update(clients_lost=lost_clients, clients_answered=n - lost_clients)
         return row
 
-    def record_dropped(self, seed: int, executor, router: Router) -> None:
-        """Client hosts lost with enough participants left (min_clients_fraction): the run goes
-        on without them; what they were handed was not delivered (not counted)."""
-        for drop in executor.drain_dropped():
-            router.retract(set(drop["participants"]))
-            action = f"continued without {', '.join(drop['participants'])}"
-            self.recorder.add_rows("faults", [{
-                "seed": seed, "round": self.current_round, "host": drop["host"],
-                "node": drop["node"], "during": drop["during"], "recovery": 0,
-                "action": action, "rolled_back_to": -1, "seconds_lost": 0.0,
-                "error": drop["error"]}])  # fmt: skip
-            log.warning("seed %d round %d: host %s lost; %s", seed, self.current_round,
-                        drop["host"], action)  # fmt: skip
+    def run_phases(self, executor, seed: int, round_index: int, sampled) -> tuple:
+        """The round's phases in order: the router (its ledger), the roles' holders, and the
+        seconds by kind of phase (phases.parquet keeps each phase's)."""
+        router, holders, warned = Router(), {}, Counter()
+        seconds = dict.fromkeys(PHASE_KINDS, 0.0) | {"clients_trained": 0}
+        for index, phase in enumerate(self._algorithm.phases(round_index, self.cfg.rounds)):
+            inboxes = router.take(self._participants(phase, executor, sampled, router))
+            began = time.perf_counter()
+            envelopes, records = executor.run_phase(round_index, phase, inboxes, sampled)
+            took, kind = time.perf_counter() - began, phase_kind(phase)
+            seconds[kind] += took
+            seconds["clients_trained"] += len(inboxes) if kind == "seconds_train" else 0
+            self.recorder.add_rows("phases", [{"seed": seed, "round": round_index,
+                                   "index": index, "role": phase.role, "step": phase.step,
+                                   "participants": len(inboxes), "seconds": took}])  # fmt: skip
+            self.recorder.add_rows(
+                "faults", dropped_rows(seed, self.current_round, executor, router)
+            )
+            router.deliver(seed, round_index, envelopes, executor.lost)
+            for table, row in records:
+                if table == HOLDER_TABLE:  # who holds a role (a task leader) this round
+                    holders[row["participant"]] = row["client"]
+                else:
+                    self.recorder.add_rows(table, [{"seed": seed, "round": round_index, **row}])
+                if table == "warnings":
+                    warned[(row["participant"], row["message"])] += 1
+        for (participant, message), count in sorted(warned.items()):  # on the console too
+            log.warning("seed %d round %d, %s: %s (x%d)", seed, round_index, participant,
+                        message, count)  # fmt: skip
+        if router.undelivered():
+            raise RuntimeError(f"round {round_index}: messages left undelivered")
+        return router, holders, seconds
 
     def _participants(self, phase, executor, sampled, router) -> list[str]:
         members = executor.participants()  # the survivors, when the run goes on without some

@@ -112,6 +112,8 @@ class ParticipantHost:
         name = self.model_name(getattr(self, "_building", None))
         params = self.config.model.params if name == self.config.model.name else {}
         model = build_model(name, self.spec.federation.input_shape, num_classes, **params)
+        if self.config.runtime.precision == "bf16-mixed":  # bf16 convolutions run faster NHWC
+            model = model.to(memory_format=torch.channels_last)
         return model.to(self.spec.device)
 
     def _client_data(self, participant: str):
@@ -178,7 +180,7 @@ class ParticipantHost:
                 sampled=sampled,
                 federation=self.spec.federation,
             )
-            with AlgorithmWarnings() as warned:  # e.g. a non-finite update left out
+            with AlgorithmWarnings() as warned, self.precision(participant):
                 state, outbox = step(self.states[participant], inbox, ctx)
             ctx.records.extend(
                 ("warnings", {"participant": participant, "step": phase.step, "message": text})
@@ -202,7 +204,8 @@ class ParticipantHost:
                 continue
             data, shard = state.data, self.spec.shards[participant]
             model = self.algorithm.eval_model(state)
-            metrics = evaluate(model, data.test_x, data.test_y, data.task)
+            with self.precision(participant):
+                metrics = evaluate(model, data.test_x, data.test_y, data.task)
             rows.append(
                 {
                     "client": shard.client_id,
@@ -217,6 +220,19 @@ class ParticipantHost:
                 }
             )
         return rows
+
+    def precision(self, participant: str):
+        """runtime.precision for a client's steps and evaluation (Lightning's names): under
+        bf16-mixed, matmuls and convolutions run in bfloat16 while weights, optimiser state
+        and every other role's maths (aggregation, HCA, graphs) stay in float32."""
+        import contextlib
+
+        if self.config.runtime.precision != "bf16-mixed" or role_of(participant) != "client":
+            return contextlib.nullcontext()
+        device = "cuda" if self.spec.device.startswith("cuda") else "cpu"
+        # No cast cache: a step runs many optimiser steps inside this one context, and cached
+        # bfloat16 copies of the weights would freeze them at their first value.
+        return torch.autocast(device_type=device, dtype=torch.bfloat16, cache_enabled=False)
 
     def rehost(self) -> bool:
         """This host replaces one that was lost: the algorithm takes its roles over."""

@@ -100,3 +100,32 @@ def test_rejected_non_finite_updates_reach_the_console_and_a_table(tmp_path, cap
     assert warnings["message"].str.contains("non-finite update").all()
     driver = [r.getMessage() for r in caplog.records if r.name == "raymtl.runtime.driver"]
     assert any("round 2, server: rejected a non-finite update" in line for line in driver)
+
+
+def test_bf16_mixed_precision_trains_like_fp32_and_is_recorded(tmp_path):
+    """Clients train and evaluate under bfloat16 autocast; the run learns as fp32 does."""
+    settings = ["rounds=4", "data.partition.kind=iid", "data.partition.rotations=null",
+                "algorithm.params.epochs=3", "algorithm.params.lr=0.5"]  # fmt: skip
+    fp32 = raymtl.load_results(raymtl.run(write(tmp_path, "a.yaml"), overrides=settings))
+    bf16 = raymtl.load_results(
+        raymtl.run(write(tmp_path, "b.yaml"), overrides=[*settings, "runtime.precision=bf16-mixed"])
+    )
+    assert bf16.config["runtime"]["precision"] == "bf16-mixed"
+    first, last = bf16.rounds["mean_loss"].iloc[0], bf16.rounds["mean_loss"].iloc[-1]
+    assert last < first - 0.2  # it learns (a cached bf16 weight copy would freeze it)
+    gap = abs(bf16.rounds["mean_accuracy"].iloc[-1] - fp32.rounds["mean_accuracy"].iloc[-1])
+    assert gap < 0.1
+
+
+def test_rounds_say_where_the_seconds_went_and_the_summary_the_throughput(tmp_path):
+    results = raymtl.load_results(raymtl.run(write(tmp_path), overrides=["rounds=2"]))
+    rounds = results.rounds
+    assert rounds["clients_trained"].tolist() == [6, 6]  # FedAvg: every client trains
+    for kind in ("seconds_train", "seconds_aggregate", "seconds_receive", "seconds_evaluate"):
+        assert (rounds[kind] > 0).all(), kind
+    assert (rounds["seconds_train"] + rounds["seconds_aggregate"] < rounds["wall_time"]).all()
+    phases = results.tables["phases"]
+    assert phases.groupby("round")["step"].apply(list).tolist() == [["train", "aggregate",
+                                                                      "receive"]] * 2  # fmt: skip
+    throughput = results.summary["final"]["client_updates_per_second"]["mean"]
+    assert throughput == pytest.approx(12 / rounds["wall_time"].iloc[-1])
