@@ -57,6 +57,9 @@ class Message:
     dst: str
     kind: str
     tensors: dict[str, torch.Tensor]
+    # A copy sent only so that a client that did not take part this round is evaluated with
+    # the model it would receive: delivered, but not traffic (never counted in the bits).
+    evaluation_only: bool = False
 
 
 def payload_bits(tensors: dict[str, torch.Tensor]) -> int:

@@ -7,7 +7,8 @@ Round t, with S_t the sampled clients (⌈m·N⌉ of N):
     client i ∈ S_t:  w_i ← LocalSGD(w, E epochs, lr)
     server:          w ← Σ_{i∈S_t} n_i·w_i / Σ_{i∈S_t} n_i
     every client:    w_i ← w        (the broadcast is what clients are evaluated with)
-Bits per round: uplink |S_t|·|w|·32, downlink N·|w|·32.
+Bits per round: uplink |S_t|·|w|·32, downlink |S_t|·|w|·32: the model goes to the clients that
+trained; the others get it only to be evaluated with it (evaluation_only, not counted).
 
 Local: every client trains on its own data only; nothing is transmitted.
 """
@@ -76,9 +77,9 @@ class FedAvg(Algorithm):
         average = weighted_average(updates)
         if average is not None:
             self.merge(state.model, average)
-        global_model = model_tensors(state.model)
+        global_model, sampled = model_tensors(state.model), set(ctx.sampled)
         outbox = [
-            Message(SERVER, client_name(i), "global_model", global_model)
+            Message(SERVER, client_name(i), "global_model", global_model, i not in sampled)
             for i in range(ctx.federation.num_clients)
         ]
         return state, outbox

@@ -192,7 +192,8 @@ class ParticipantHost:
                     stored[id(message.tensors)] = self.put(message.tensors)
                 bits = payload_bits(message.tensors)
                 payload = stored[id(message.tensors)]
-                outgoing.append(Envelope(message.src, message.dst, message.kind, bits, payload))
+                outgoing.append(Envelope(message.src, message.dst, message.kind, bits, payload,
+                                         message.evaluation_only))  # fmt: skip
             records += ctx.records
         return outgoing, records
 

@@ -24,6 +24,7 @@ class Envelope:
     kind: str
     bits: int
     payload: Any
+    evaluation_only: bool = False  # delivered, never counted (see algorithms.base.Message)
 
 
 class Router:
@@ -46,6 +47,8 @@ class Router:
             if envelope.dst in lost:
                 continue
             self._pending[envelope.dst].append(envelope)
+            if envelope.evaluation_only:
+                continue
             self._row_of[id(envelope)] = row = {
                 "seed": seed,
                 "round": round_index,
@@ -72,7 +75,8 @@ class Router:
         lost): they were not delivered, so their bits are not counted."""
         for participant in participants:
             for envelope in self._taken.get(participant, []):
-                self.ledger.remove(self._row_of.pop(id(envelope)))
+                if id(envelope) in self._row_of:
+                    self.ledger.remove(self._row_of.pop(id(envelope)))
 
     def undelivered(self) -> list[Envelope]:
         """Envelopes nobody consumed (should be none at the end of a round)."""

@@ -20,11 +20,19 @@ def test_fedavg_uplink_is_sampled_clients_times_parameters_times_32(make_config)
     uplink = messages[messages["kind"] == "model"].groupby("round")["bits"].agg(["sum", "count"])
     assert list(uplink["count"]) == [3, 3, 3]  # ⌈0.5 · 6⌉ sampled clients
     assert list(uplink["sum"]) == [3 * params * 32] * 3
-    downlink = messages[messages["kind"] == "global_model"].groupby("round")["bits"].sum()
-    assert list(downlink) == [6 * params * 32] * 3
+    # The model goes down to the 3 that trained; the other 3 get it only to be evaluated with
+    # it (evaluation_only): not traffic.
+    downlink = messages[messages["kind"] == "global_model"].groupby("round")
+    assert list(downlink["bits"].sum()) == [3 * params * 32] * 3
+    uploads = messages[messages["kind"] == "model"]
+    for round_index, rows in downlink:
+        assert set(rows["dst"]) == set(uploads[uploads["round"] == round_index]["src"])
     rounds = pd.read_parquet(run_dir / "rounds.parquet")
     assert list(rounds["bits_up"]) == [3 * params * 32] * 3
-    assert list(rounds["cum_bits"]) == [9 * params * 32 * k for k in (1, 2, 3)]
+    assert list(rounds["cum_bits"]) == [6 * params * 32 * k for k in (1, 2, 3)]
+    clients = pd.read_parquet(run_dir / "clients.parquet")
+    assert len(clients.query("round == 3")) == 6  # all evaluated, with the global model
+    assert (clients.query("round == 3")["bits_down"] > 0).sum() == 3
 
 
 def test_local_transmits_nothing(make_config):
