@@ -70,7 +70,9 @@ def run_one(cfg, run_dir: Path | None = None) -> Path:
 def run(
     file: Annotated[str | None, typer.Argument(help="experiment YAML")] = None,
     overrides: Annotated[list[str] | None, typer.Argument(help="a.b=value overrides")] = None,
-    resume: Annotated[Path | None, typer.Option(help="continue this run directory")] = None,
+    resume: Annotated[
+        str | None, typer.Option(help="continue this run directory (a path or a URI)")
+    ] = None,
 ) -> None:
     """Run one experiment file and print its results table."""
     from raymtl.metrics import report
@@ -78,11 +80,12 @@ def run(
     with user_errors():
         if resume is not None:
             from raymtl.runtime import resume_experiment
+            from raymtl.runtime.api import load_run_config
 
             if file is not None and "=" not in file:
                 fail(f"run: give an experiment file or --resume RUN_DIR, not both ('{file}')")
             overrides = [file, *(overrides or [])] if file else overrides  # all overrides
-            cfg = load_config(resume / "config.yaml", overrides or [])
+            cfg = load_run_config(resume, overrides or [])
             with progress_bar() as progress:
                 run_dir = resume_experiment(
                     resume, RoundProgress(progress, cfg.name, cfg.rounds), overrides or []
@@ -91,7 +94,7 @@ def run(
             if file is None:
                 fail("run: give an experiment file (or --resume RUN_DIR)")
             run_dir = run_one(load_config(file, overrides or []))
-        report(run_dir, console=console)
+        report(local_copy(run_dir), console=console)
         console.print(f"results in [bold]{run_dir}[/]")
 
 
@@ -126,6 +129,17 @@ def list_components() -> None:
 
     for table in catalogue_tables():
         console.print(table)
+
+
+def local_copy(run_dir) -> Path:
+    """A run's local folder: itself, or the staging folder of a run kept at a URI."""
+    from raymtl.runtime.storage import Location, is_uri
+
+    if not is_uri(run_dir):
+        return Path(run_dir)
+    from raymtl.runtime.api import staging_dir
+
+    return staging_dir(Location.of(run_dir))
 
 
 class user_errors:

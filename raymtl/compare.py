@@ -65,6 +65,8 @@ def compare_experiments(
     from raymtl.metrics import plot_comparison, results_table
     from raymtl.metrics.delta import delta_table, local_reference, record_deltas
 
+    if out is None and "://" in configs[0].output.dir:
+        raise ConfigError("--out: give a local comparison folder when output.dir is a URI")
     out = (
         Path(out)
         if out

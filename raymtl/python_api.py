@@ -32,9 +32,10 @@ class Results:
         return self.tables["messages"]
 
 
-def run(experiment, overrides: list[str] = (), run_dir: str | Path | None = None) -> Path:
+def run(experiment, overrides: list[str] = (), run_dir: str | Path | None = None) -> Path | str:
     """Run an experiment (a YAML path, or an `ExperimentConfig`) with `a.b=value` overrides;
-    returns the absolute run directory once the summary and plots are written."""
+    returns the absolute run directory (or its URI, when output.dir is one) once the summary
+    and plots are written."""
     from raymtl.config import ExperimentConfig, load_config
     from raymtl.runtime import run_experiment
 
@@ -49,14 +50,19 @@ def run(experiment, overrides: list[str] = (), run_dir: str | Path | None = None
             cfg = parse_config(raw)
     else:
         cfg = load_config(experiment, list(overrides))
-    return Path(run_experiment(cfg, Path(run_dir) if run_dir else None)).resolve()
+    return absolute(run_experiment(cfg, run_dir))
 
 
 def resume(run_dir: str | Path, overrides: list[str] = ()) -> Path:
     """Continue an interrupted run (only `rounds` may change, and only grow)."""
     from raymtl.runtime import resume_experiment
 
-    return Path(resume_experiment(Path(run_dir), overrides=list(overrides))).resolve()
+    return absolute(resume_experiment(run_dir, overrides=list(overrides)))
+
+
+def absolute(run_dir) -> Path | str:
+    """A local run directory as an absolute Path; a URI as it is."""
+    return run_dir if "://" in str(run_dir) else Path(run_dir).resolve()
 
 
 def load_results(run_dir: str | Path) -> Results:
@@ -68,6 +74,13 @@ def load_results(run_dir: str | Path) -> Results:
     from raymtl.config import ConfigError
     from raymtl.metrics.recorder import Recorder
 
+    if "://" in str(run_dir):  # a run kept at a URI: its outputs, fetched to a local folder
+        from raymtl.runtime.api import staging_dir
+        from raymtl.runtime.storage import Location, fetch
+
+        store = Location.of(str(run_dir))
+        run_dir = staging_dir(store)
+        fetch(store, run_dir)
     run_dir = Path(run_dir).resolve()
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"run_dir: '{run_dir}' has no config.yaml (not a run directory)")

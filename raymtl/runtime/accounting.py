@@ -48,3 +48,15 @@ def round_bits(ledger: list[dict], num_clients: int) -> tuple[list[int], list[in
         if row["dst_client"] is not None:
             down[row["dst_client"]] += row["bits"]
     return up, down
+
+
+def resumed_totals(rounds, seed: int, upto: int) -> tuple[float, list[int]]:
+    """Wall time and cumulative (up, down) bits of `seed` at round `upto` (0: a fresh start),
+    from the rounds already recorded: a resumed run goes on counting from them."""
+    if not upto or rounds.empty:
+        return 0.0, [0, 0]
+    frame = rounds[(rounds["seed"] == seed) & (rounds["round"] <= upto)]
+    if frame.empty:
+        return 0.0, [0, 0]
+    last = frame.sort_values("round").iloc[-1]
+    return float(frame["wall_time"].max()), [int(last["cum_bits_up"]), int(last["cum_bits_down"])]

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from raymtl.config import ConfigError, ExperimentConfig, dump_config, load_config
+import yaml
+
+from raymtl.config import ConfigError, ExperimentConfig, apply_override, dump_config, parse_config
+from raymtl.data.sources import DEFAULT_CACHE_ROOT
 from raymtl.metrics import plot_run, summarize
 from raymtl.runtime.driver import Driver
 from raymtl.runtime.executor import InlineExecutor, RayExecutor
 from raymtl.runtime.setup import check_federation
+from raymtl.runtime.storage import Location, fetch, is_uri, publish
 from raymtl.runtime_paths import make_directory
 
 log = logging.getLogger(__name__)
@@ -42,22 +47,40 @@ def start_ray(cfg: ExperimentConfig) -> float:
 def check_output_dir(cfg: ExperimentConfig) -> None:
     """Inside a `ray job submit` job the working directory is Ray's unpacked copy of the
     code: a relative output.dir would put the results there, and they would go with it."""
-    if not Path(cfg.output.dir).is_absolute() and "_ray_pkg_" in str(Path.cwd()):
+    relative = not is_uri(cfg.output.dir) and not Path(cfg.output.dir).is_absolute()
+    if relative and "_ray_pkg_" in str(Path.cwd()):
         raise ConfigError(
             f"output.dir: '{cfg.output.dir}' is relative inside a Ray job (it would land in "
             "Ray's package folder); give an absolute path on storage every node shares"
         )
 
 
-def new_run_dir(cfg: ExperimentConfig) -> Path:
-    """runs/<name>-<timestamp>, made unique if two runs start in the same second."""
+def staging_dir(store: Location) -> Path:
+    """The local folder where the driver writes a URI run's outputs before publishing them."""
+    digest = hashlib.blake2b(store.uri.encode(), digest_size=6).hexdigest()
+    return Path(DEFAULT_CACHE_ROOT).expanduser() / "staging" / f"{store.name}-{digest}"
+
+
+def run_location(where: str | Path) -> tuple[Path, Location]:
+    """(the local folder the driver writes, where the run lives): the same folder for a
+    path, a staging folder and the URI for a URI."""
+    if is_uri(where):
+        store = Location.of(where)
+        return make_directory(staging_dir(store), exist_ok=True), store
+    local = make_directory(Path(where), exist_ok=True)
+    return local, Location.of(local)
+
+
+def new_run_dir(cfg: ExperimentConfig) -> tuple[Path, Location]:
+    """<output.dir>/<name>-<timestamp>, made unique if two runs start in the same second."""
     check_output_dir(cfg)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.output.dir) / f"{cfg.name}-{stamp}"
-    run_dir, suffix = base, 1
-    while run_dir.exists():
-        run_dir, suffix = base.with_name(f"{base.name}-{suffix}"), suffix + 1
-    return make_directory(run_dir)  # absolute: printed and returned as such
+    root, base = Location.of(cfg.output.dir), f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name, suffix = base, 1
+    while root.child(name).entries() or root.child(name).is_file():
+        name, suffix = f"{base}-{suffix}", suffix + 1
+    if root.local:
+        make_directory(Path(root.child(name).path))  # one clear line if it cannot be made
+    return run_location(root.child(name).uri)  # absolute: printed and returned as such
 
 
 def executor_factory(cfg: ExperimentConfig) -> Callable:
@@ -78,26 +101,38 @@ def run_experiment(
     # A missing dataset or a partition the data cannot give is a one-line ConfigError
     # here, before Ray starts and before an empty run directory is left behind.
     check_federation(cfg)  # partition, tasks and models: what the algorithm can run
-    run_dir = make_directory(Path(run_dir), exist_ok=True) if run_dir else new_run_dir(cfg)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
-    return _drive(cfg, run_dir, progress, stop_after)
+    local, store = run_location(run_dir) if run_dir else new_run_dir(cfg)
+    (local / "config.yaml").write_text(dump_config(cfg))
+    return _drive(cfg, local, store, progress, stop_after)
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """A run's config.yaml (a path or a URI), with overrides."""
+    store = Location.of(run_dir)
+    if not store.child("config.yaml").is_file():
+        raise ConfigError(f"--resume: '{run_dir}' has no config.yaml (not a run directory)")
+    raw = yaml.safe_load(store.child("config.yaml").read_text()) or {}
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return parse_config(raw)
 
 
 def resume_experiment(
     run_dir: Path, progress: Callable | None = None, overrides: list[str] = ()
 ) -> Path:
     """Continue an interrupted run from its last complete checkpoint."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"--resume: '{run_dir}' has no config.yaml (not a run directory)")
-    saved = load_config(run_dir / "config.yaml")
-    cfg = load_config(run_dir / "config.yaml", list(overrides))
+    saved = load_run_config(run_dir)
+    cfg = load_run_config(run_dir, list(overrides))
     check_resumable(saved, cfg)
+    local, store = run_location(run_dir)
+    if is_uri(store.uri):  # the outputs so far, from the URI into the staging folder
+        fetch(store, local)
     if cfg.rounds > saved.rounds:  # a longer run: finished seeds go on from their checkpoint
-        for done in (run_dir / "checkpoints").glob("seed*/DONE"):
-            done.unlink()
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
-    return _drive(cfg, run_dir, progress, None)
+        checkpoints = store.child("checkpoints")
+        for seed in checkpoints.entries():
+            checkpoints.child(seed, "DONE").delete()
+        (local / "config.yaml").write_text(dump_config(cfg))
+    return _drive(cfg, local, store, progress, None)
 
 
 # What a resume may change: the rounds (only more), and where and how it runs (the executors
@@ -127,11 +162,13 @@ def changed_fields(before, after, prefix: str = ""):
         yield prefix.rstrip("."), before, after
 
 
-def _drive(cfg, run_dir, progress, stop_after) -> Path:
-    driver = Driver(cfg, run_dir, executor_factory(cfg), progress)
+def _drive(cfg, run_dir: Path, store: Location, progress, stop_after) -> Path | str:
+    """Run; returns the run directory (a path), or its URI for a run kept at a URI."""
+    driver = Driver(cfg, run_dir, executor_factory(cfg), progress, store)
     driver.run(stop_after=stop_after)
     if stop_after is None:
         summarize(run_dir, cfg.algorithm.name)
         if cfg.output.plots:
             plot_run(run_dir)
-    return run_dir
+    publish(run_dir, store)
+    return store.uri if is_uri(store.uri) else run_dir

@@ -9,52 +9,53 @@ first round, `check_shared` proves the driver and every host see each other's fi
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from raymtl.config import ConfigError
+from raymtl.runtime.storage import Location
 
 
-def latest_checkpoint(seed_dir: Path) -> int:
+def latest_checkpoint(seed_dir: Location) -> int:
     """The last round under `seed_dir` with a complete checkpoint (0 = none)."""
-    rounds = [int(p.parent.name.removeprefix("round")) for p in seed_dir.glob("round*/COMPLETE")]
-    return max(rounds, default=0)
+    rounds = [name for name in seed_dir.entries() if name.startswith("round")]
+    complete = [name for name in rounds if seed_dir.child(name, "COMPLETE").is_file()]
+    return max((int(name.removeprefix("round")) for name in complete), default=0)
 
 
-def lost_at(seed_dir: Path, round_index: int) -> list[str]:
+def lost_at(seed_dir: Location, round_index: int) -> list[str]:
     """The participants a checkpoint's federation goes on without (min_clients_fraction)."""
     if not round_index:
         return []
-    complete = json.loads((checkpoint_dir(seed_dir, round_index) / "COMPLETE").read_text())
+    complete = json.loads(checkpoint_dir(seed_dir, round_index).child("COMPLETE").read_text())
     return list(complete.get("lost", []))
 
 
-def checkpoint_dir(seed_dir: Path, round_index: int) -> Path:
-    """The directory of the checkpoint taken after `round_index`."""
-    return seed_dir / f"round{round_index:05d}"
+def checkpoint_dir(seed_dir: Location, round_index: int) -> Location:
+    """The folder of the checkpoint taken after `round_index`."""
+    return seed_dir.child(f"round{round_index:05d}")
 
 
-def checkpoint_file(directory: Path, participant: str) -> Path:
-    """Where a participant's state is saved inside a checkpoint directory."""
-    return directory / f"{participant.replace('/', '_')}.pt"
+def checkpoint_file(directory: Location, participant: str) -> Location:
+    """Where a participant's state is saved inside a checkpoint folder."""
+    return directory.child(f"{participant.replace('/', '_')}.pt")
 
 
-def check_shared(directory: Path, executor) -> None:
+def check_shared(directory: Location, executor) -> None:
     """Every host writes a file under `directory` and looks for the driver's: both sides must
     see each other's, or checkpoints written on one node are lost to the others."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "driver").write_text("driver")
-    sees_driver = executor.probe(str(directory))
+    directory.child("driver").write_text("driver")
+    sees_driver = executor.probe(directory.uri)
     hidden = [name for name, seen in sees_driver.items()
-              if not seen or not (directory / name).is_file()]  # fmt: skip
+              if not seen or not directory.child(name).is_file()]  # fmt: skip
     if hidden:
         nodes = sorted({executor.nodes.get(name, "?") for name in hidden})
+        run = directory.uri.rsplit("/checkpoints/", 1)[0]
         raise ConfigError(
-            f"output.dir: '{directory.parents[2]}' is not shared between the driver and the "
-            f"hosts on node(s) {', '.join(nodes)}; use storage every node mounts at one path"
+            f"output.dir: '{run}' is not shared between the driver and the hosts on node(s) "
+            f"{', '.join(nodes)}; use storage every node mounts at one path, or a URI"
         )
 
 
-def verify_checkpoint(directory: Path, participants: list[str]) -> None:
+def verify_checkpoint(directory: Location, participants: list[str]) -> None:
     """COMPLETE only when every participant's state is there (as the driver sees it)."""
     missing = [p for p in participants if not checkpoint_file(directory, p).is_file()]
     if missing:

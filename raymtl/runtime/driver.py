@@ -29,7 +29,7 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import derive_seed
 from raymtl.config import ExperimentConfig
 from raymtl.metrics import Recorder, fairness_stats
-from raymtl.runtime.accounting import charge, link_direction, round_bits
+from raymtl.runtime.accounting import charge, link_direction, resumed_totals, round_bits
 from raymtl.runtime.checkpoints import (
     check_shared,
     checkpoint_dir,
@@ -41,6 +41,7 @@ from raymtl.runtime.executor import Executor, HostsLost
 from raymtl.runtime.faults import dropped_rows, fault_rows
 from raymtl.runtime.router import Router
 from raymtl.runtime.setup import build_setup
+from raymtl.runtime.storage import Location, publish
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,13 @@ class Driver:
         run_dir: Path,
         make_executor: Callable[[], Executor],
         progress=None,
+        store: Location | None = None,
     ):
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir)  # the driver's outputs, written here first
+        # Where the run lives (checkpoints written there by the hosts, outputs copied there):
+        # the run directory itself, or a URI.
+        self.store = store or Location.of(self.run_dir)
         self.make_executor = make_executor
         self.progress = progress  # callable(seed, round, row) or None
         self.algorithm_cls = get_algorithm(cfg.algorithm.name)
@@ -89,15 +94,16 @@ class Driver:
     def run(self, stop_after: int | None = None) -> None:
         """Run (or resume) every seed; `stop_after` simulates a crash after that round."""
         for seed in self.cfg.seeds:
-            seed_dir = self.run_dir / "checkpoints" / f"seed{seed}"
-            if (seed_dir / "DONE").exists():
+            seed_dir = self.store.child("checkpoints", f"seed{seed}")
+            if seed_dir.child("DONE").is_file():
                 continue
             self.run_seed(seed, seed_dir, stop_after)
             if stop_after is not None:
                 return
         self.recorder.flush()
+        publish(self.run_dir, self.store)
 
-    def run_seed(self, seed: int, seed_dir: Path, stop_after: int | None) -> None:
+    def run_seed(self, seed: int, seed_dir: Location, stop_after: int | None) -> None:
         """Run a seed; a lost host rolls the whole federation back to its last complete
         checkpoint and the lost rounds are replayed (at most runtime.max_restarts times), so
         the results equal the fault-free run's. Every fault is a row of faults.parquet."""
@@ -121,7 +127,7 @@ class Driver:
                         f"up; {fault} (faults.parquet has every fault)"
                     ) from None
 
-    def run_from_checkpoint(self, seed: int, seed_dir: Path, stop_after: int | None) -> None:
+    def run_from_checkpoint(self, seed: int, seed_dir: Location, stop_after: int | None) -> None:
         start = latest_checkpoint(seed_dir)
         self.recorder.truncate_after(seed, start)
         self.current_round = start
@@ -131,9 +137,9 @@ class Driver:
             setup = build_setup(self.cfg, seed, executor, seed_dir, start, lost)
             executor.lost = set(lost)
             executor.start(setup.specs)
-            check_shared(seed_dir / ".probe", executor)
-            wall_start = time.perf_counter() - self._wall_time(seed, start)
-            cumulative = self._cumulative_bits(seed, start)
+            check_shared(seed_dir.child(".probe"), executor)
+            wall_before, cumulative = resumed_totals(self.recorder.rounds(), seed, start)
+            wall_start = time.perf_counter() - wall_before
             for round_index in range(start + 1, self.cfg.rounds + 1):
                 self.current_round = round_index
                 row = self.run_round(executor, setup, seed, round_index, cumulative)
@@ -146,9 +152,9 @@ class Driver:
                 if stop_after is not None and round_index >= stop_after:
                     return
             self.record_host_memory(executor, seed)
-            (seed_dir / "DONE").parent.mkdir(parents=True, exist_ok=True)
             self.recorder.flush()
-            (seed_dir / "DONE").write_text("done\n")
+            publish(self.run_dir, self.store)
+            seed_dir.child("DONE").write_text("done\n")
         finally:
             executor.shutdown()
 
@@ -271,29 +277,13 @@ class Driver:
     def _checkpoint_due(self, round_index: int) -> bool:
         return round_index % self.cfg.checkpoint_every == 0 and round_index < self.cfg.rounds
 
-    def checkpoint(self, executor: Executor, seed_dir: Path, round_index: int) -> None:
+    def checkpoint(self, executor: Executor, seed_dir: Location, round_index: int) -> None:
         """Hosts save their own states; then metrics; then the COMPLETE marker."""
         directory = checkpoint_dir(seed_dir, round_index)
-        executor.save(str(directory))
+        executor.save(directory.uri)
         verify_checkpoint(directory, executor.participants())
         self.recorder.flush()
+        publish(self.run_dir, self.store)
         # The federation it holds: without the clients the run went on without.
         complete = {"round": round_index, "lost": sorted(executor.lost)}
-        (directory / "COMPLETE").write_text(json.dumps(complete))
-
-    def _rounds_of(self, seed: int, upto: int):
-        frame = self.recorder.rounds()
-        if frame.empty:
-            return frame
-        return frame[(frame["seed"] == seed) & (frame["round"] <= upto)]
-
-    def _wall_time(self, seed: int, upto: int) -> float:
-        frame = self._rounds_of(seed, upto)
-        return float(frame["wall_time"].max()) if upto and not frame.empty else 0.0
-
-    def _cumulative_bits(self, seed: int, upto: int) -> list[int]:
-        frame = self._rounds_of(seed, upto)
-        if not upto or frame.empty:
-            return [0, 0]
-        last = frame.sort_values("round").iloc[-1]
-        return [int(last["cum_bits_up"]), int(last["cum_bits_down"])]
+        directory.child("COMPLETE").write_text(json.dumps(complete))

@@ -8,9 +8,9 @@ give identical results.
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -30,6 +30,7 @@ from raymtl.config import ExperimentConfig
 from raymtl.models.registry import num_params
 from raymtl.runtime.checkpoints import checkpoint_dir, checkpoint_file
 from raymtl.runtime.router import Envelope
+from raymtl.runtime.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ class ParticipantHost:
             self.states[participant] = self.algorithm.init_state(participant, data, spec.federation)
         self._building = None
         if spec.checkpoint_root and spec.resume_round:
-            self.load(str(checkpoint_dir(Path(spec.checkpoint_root), spec.resume_round)))
+            root = Location.of(spec.checkpoint_root)
+            self.load(checkpoint_dir(root, spec.resume_round).uri)
 
     # -- payloads: in-process copies here, Ray's object store in actors.py
     def put(self, tensors: dict[str, torch.Tensor]):
@@ -242,29 +244,30 @@ class ParticipantHost:
         return True
 
     def save(self, directory: str) -> None:
-        """Write each hosted participant's state (model + extras) under `directory`."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
+        """Write each hosted participant's state (model + extras) under `directory` (a path or
+        a URI: this host writes its own files, on whatever node it runs)."""
+        folder = Location.of(directory)
         for participant, state in self.states.items():
             blob = {
                 "model": state.model.state_dict() if state.model is not None else None,
                 "extras": state.extras,
             }
-            target = checkpoint_file(path, participant)
-            torch.save(blob, target.with_suffix(".tmp"))
-            target.with_suffix(".tmp").replace(target)
+            buffer = io.BytesIO()
+            torch.save(blob, buffer)
+            checkpoint_file(folder, participant).write_bytes(buffer.getvalue())
 
     def load(self, directory: str) -> None:
-        """Restore hosted participants from a checkpoint directory (data is rebuilt)."""
+        """Restore hosted participants from a checkpoint folder (data is rebuilt)."""
+        folder = Location.of(directory)
         for participant, state in self.states.items():
-            path = checkpoint_file(Path(directory), participant)
-            if not path.is_file():  # never silently start from the initial model
+            location = checkpoint_file(folder, participant)
+            if not location.is_file():  # never silently start from the initial model
                 raise FileNotFoundError(
-                    f"output.dir: checkpoint file {path} is not visible on node {self.node()} "
-                    "(output.dir must be storage every node shares)"
+                    f"output.dir: checkpoint file {location} is not visible on node "
+                    f"{self.node()} (output.dir must be storage every node shares)"
                 )
             blob = torch.load(
-                path,
+                io.BytesIO(location.read_bytes()),
                 map_location=self.spec.device,
                 weights_only=True,  # tensors and plain data only: a file cannot run code
             )
@@ -282,10 +285,9 @@ class ParticipantHost:
     def probe(self, directory: str, name: str) -> bool:
         """Write `<directory>/<name>` and say whether the driver's marker `driver` is there:
         the driver checks it sees every host's file (a shared output.dir)."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(self.node())
-        return (path / "driver").is_file()
+        folder = Location.of(directory)
+        folder.child(name).write_text(self.node())
+        return folder.child("driver").is_file()
 
     def peak_memory(self) -> int:
         """The peak resident memory of this host's process so far, in bytes (Linux: KiB)."""

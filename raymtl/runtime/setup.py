@@ -7,7 +7,6 @@ from (source, indices) inside the actor that hosts it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from raymtl.algorithms.base import SERVER, Federation, client_name, leader_name, lps_name
 from raymtl.algorithms.registry import get_algorithm
@@ -120,7 +119,7 @@ def build_setup(
     cfg: ExperimentConfig,
     seed: int,
     executor: Executor,
-    seed_dir: Path,
+    seed_dir,
     resume_round: int = 0,
     lost: list[str] = (),
 ) -> Setup:
@@ -141,7 +140,7 @@ def build_setup(
             seed=seed,
             torch_threads=max(1, int(cfg.runtime.num_cpus_per_actor)),
             device=client_device(cfg) if members[0].startswith("client") else "cpu",
-            checkpoint_root=str(seed_dir),
+            checkpoint_root=str(seed_dir),  # a path or a URI (runtime/storage.py)
             resume_round=resume_round,
         )
         for name, members in surviving_layout(cfg, federation, executor, lost).items()

@@ -117,3 +117,28 @@ def test_a_run_may_go_on_without_lost_clients_and_resume_exactly_that_federation
     assert rounds["clients_answered"].tolist() == [6, 3, 3, 3]
     last = pd.read_parquet(resumed / "clients.parquet")
     assert set(last[last["round"] == 4]["client"]) == {3, 4, 5}
+
+
+def test_a_run_kept_at_a_uri_recovers_and_resumes_from_it(ray_session, make_config, tmp_path,
+                                                           monkeypatch):  # fmt: skip
+    """output.dir as a URI (file:// here; s3://, gs:// go through the same pyarrow.fs calls):
+    the hosts write their checkpoints there, the driver publishes its outputs there."""
+    monkeypatch.setattr("raymtl.runtime.api.DEFAULT_CACHE_ROOT", str(tmp_path / "cache"))
+    import raymtl
+
+    whole = run_experiment(make_config(**SETTINGS), tmp_path / "whole")
+    killed = []
+    uri = f"file://{tmp_path}/remote"
+    cfg = make_config(**SETTINGS, **{"runtime.max_restarts": 1, "output.dir": uri})
+    run_uri = run_experiment(cfg, progress=kill_once(ray_session, "clients-0", 3, killed))
+    assert killed and isinstance(run_uri, str) and run_uri.startswith(uri)
+    remote = Path(run_uri.removeprefix("file://"))
+    for name in ("config.yaml", "rounds.parquet", "clients.parquet", "summary.json",
+                 "faults.parquet", "checkpoints/seed0/round00002/COMPLETE",
+                 "checkpoints/seed0/round00002/client_0.pt", "checkpoints/seed0/DONE"):  # fmt: skip
+        assert (remote / name).is_file(), name
+    pd.testing.assert_frame_equal(table(whole, "clients", CLIENT_COLUMNS),
+                                  table(remote, "clients", CLIENT_COLUMNS))  # fmt: skip
+    longer = raymtl.resume(run_uri, overrides=["rounds=5"])
+    assert longer == run_uri
+    assert raymtl.load_results(run_uri).rounds["round"].tolist() == [1, 2, 3, 4, 5]

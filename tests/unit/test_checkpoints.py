@@ -9,6 +9,7 @@ import pytest
 
 from raymtl.config import ConfigError
 from raymtl.runtime.checkpoints import check_shared, checkpoint_file, verify_checkpoint
+from raymtl.runtime.storage import Location
 
 
 class FakeExecutor:
@@ -29,7 +30,7 @@ class FakeExecutor:
 
 
 def test_a_directory_the_hosts_of_one_node_do_not_share_is_refused(tmp_path):
-    probe_dir = tmp_path / "run" / "checkpoints" / "seed0" / ".probe"
+    probe_dir = Location.of(tmp_path / "run" / "checkpoints" / "seed0" / ".probe")
     with pytest.raises(ConfigError, match=r"^output.dir: .* not shared .* node\(s\) node-b;"):
         check_shared(probe_dir, FakeExecutor(tmp_path / "node-b-disk"))
 
@@ -37,14 +38,15 @@ def test_a_directory_the_hosts_of_one_node_do_not_share_is_refused(tmp_path):
 def test_a_shared_directory_passes(tmp_path):
     executor = FakeExecutor(tmp_path / "unused")
     executor.nodes = {"clients-0": "node-a"}
-    check_shared(tmp_path / "run" / "checkpoints" / "seed0" / ".probe", executor)
+    check_shared(Location.of(tmp_path / "run" / "checkpoints" / "seed0" / ".probe"), executor)
 
 
 def test_complete_needs_every_participants_file(tmp_path):
-    checkpoint_file(tmp_path, "client/0").write_bytes(b"x")
-    verify_checkpoint(tmp_path, ["client/0"])
+    folder = Location.of(tmp_path)
+    checkpoint_file(folder, "client/0").write_bytes(b"x")
+    verify_checkpoint(folder, ["client/0"])
     with pytest.raises(ConfigError, match=r"1 checkpoint files \(e.g. server's\)"):
-        verify_checkpoint(tmp_path, ["client/0", "server"])
+        verify_checkpoint(folder, ["client/0", "server"])
 
 
 def test_a_host_never_starts_from_scratch_when_its_checkpoint_is_missing(tmp_path, make_config):
