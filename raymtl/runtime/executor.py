@@ -218,6 +218,12 @@ class RayExecutor(Executor):
         for name, ref in refs.items():
             try:
                 results[name] = self._ray.get(ref)
+            except self._ray.exceptions.ObjectLostError as error:
+                # The host is alive but a payload it was handed died with its sender's host
+                # (e.g. a task leader lost between its two steps): nothing to go on with, so
+                # the federation rolls back.
+                detail = " ".join(str(error).split())[:200]
+                raise HostsLost(method, [name], {name: self.nodes.get(name, "?")}, detail) from None
             except self._ray.exceptions.RayActorError as error:
                 log.warning("host %s failed during %s: %s", name, method, error)
                 if role_of(self.members[name][0]) in REHOSTABLE_ROLES:
