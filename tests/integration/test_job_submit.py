@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -35,12 +37,35 @@ def token_head(tmp_path):
     temp = Path("/tmp") / f"rj{secrets.token_hex(3)}"  # Ray's socket paths must stay short
     start = [RAY, "start", "--head", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=true",
              "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-             f"--temp-dir={temp}", "--disable-usage-stats"]  # fmt: skip
-    subprocess.run(start, env=env, check=True, capture_output=True, timeout=180)
+             f"--temp-dir={temp}", "--disable-usage-stats", "--block",
+             # a second Ray on this machine (the session's): its agents need ports of their own
+             f"--dashboard-agent-listen-port={free_port()}",
+             f"--dashboard-agent-grpc-port={free_port()}",
+             f"--runtime-env-agent-port={free_port()}",
+             f"--metrics-export-port={free_port()}"]  # fmt: skip
+    # --block, in a process group of its own: stopping it stops this head only (`ray stop`
+    # would stop every Ray on the machine, the test session's shared one included).
+    head = subprocess.Popen(start, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    address = f"http://127.0.0.1:{dashboard}"
     try:
-        yield env, f"http://127.0.0.1:{dashboard}"
+        wait_for_head(env, address)
+        yield env, address
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+
+
+def wait_for_head(env, address: str, seconds: float = 120) -> None:
+    """Until the head's job server answers (`ray job list`)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        probe = subprocess.run([RAY, "job", "list", f"--address={address}"], env=env,
+                               capture_output=True, timeout=60)  # fmt: skip
+        if probe.returncode == 0:
+            return
+        time.sleep(2)
+    raise TimeoutError(f"no Ray head answered at {address}")
 
 
 def submit(env, address, output_dir, *extra):
@@ -48,9 +73,15 @@ def submit(env, address, output_dir, *extra):
                   "runtime.address=auto", "rounds=1", "seeds=[0]", "output.plots=false",
                   f"output.dir={output_dir}", *extra]  # fmt: skip
     command = [RAY, "job", "submit", f"--address={address}", "--working-dir", str(ROOT), "--"]
-    return subprocess.run(
-        [*command, *entrypoint], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT
-    )
+    for _ in range(10):  # a fresh head's job agent takes a while to come up
+        result = subprocess.run(
+            [*command, *entrypoint], env=env, capture_output=True, text=True, timeout=600,
+            cwd=ROOT,
+        )  # fmt: skip
+        if "No available agent" not in result.stderr + result.stdout:
+            return result
+        time.sleep(3)
+    return result
 
 
 @pytest.mark.slow
