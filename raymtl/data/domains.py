@@ -84,10 +84,9 @@ def partition_sources(
     shards = []
     for source, clients in by_source.items():
         held_out = public.indices if public and public.source == source else ()
-        shards += source_shards(pools[source], clients, seed, data_cfg, held_out)
-        if source != data_cfg.name:
-            shards[-len(clients):] = [dataclasses.replace(s, source=source)
-                                      for s in shards[-len(clients):]]  # fmt: skip
+        tag = None if source == data_cfg.name else source  # None: the main dataset
+        part = source_shards(pools[source], clients, seed, data_cfg, held_out)
+        shards += [dataclasses.replace(shard, source=tag) for shard in part]
     return pools, sorted(shards, key=lambda shard: shard.client_id), public
 
 
