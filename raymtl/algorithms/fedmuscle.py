@@ -22,6 +22,7 @@ default) and client n minimises Σ_m InfoNCE(Z^n, Z^m) at temperature τ.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -76,7 +77,6 @@ class RepresentationAlignment(Algorithm):
     task_support = "different"
     model_support = "different"
     uses_public = True
-    target_kind = "partners"
 
     def phases(self, round_index, rounds):
         steps = [Phase("client", "train", "sampled")]
@@ -148,7 +148,8 @@ class RepresentationAlignment(Algorithm):
             chosen = self.choose_partners(position, len(messages), client, state, ctx)
             if chosen:
                 targets = self.targets(stacked[chosen])
-                outbox.append(Message(SERVER, message.src, self.target_kind, targets))
+                kind = "tuples" if "tuples" in targets else "partners"  # what travels down
+                outbox.append(Message(SERVER, message.src, kind, targets))
         return state, outbox
 
     def choose_partners(self, anchor: int, count: int, client: int, state, ctx) -> list[int]:
@@ -178,8 +179,8 @@ class RepresentationAlignment(Algorithm):
         if federation.public_size < p.public_batch:
             raise ValueError(f"algorithm.params.public_batch: B = {p.public_batch} exceeds "
                              f"data.public.size ({federation.public_size})")  # fmt: skip
-        sampled = max(1, -(-federation.num_clients * p.sample_fraction // 1))
-        partners = min(p.partners or federation.num_clients, max(int(sampled) - 1, 1))
+        sampled = max(1, math.ceil(federation.num_clients * p.sample_fraction))
+        partners = min(p.partners or federation.num_clients, max(sampled - 1, 1))
         floats, formula = self.downlink_floats(partners)
         per_client, knobs = floats * 4, "lower public_batch (B), partners (M) or dim (d)"
         if "B^M" in formula:
@@ -190,11 +191,11 @@ class RepresentationAlignment(Algorithm):
                 f"per contrastive step ({formula} floats), over max_downlink_mib "
                 f"{p.max_downlink_mib:g}; {knobs}"
             )
-        held = per_client * int(sampled)  # every anchor's targets wait in the store at once
+        held = per_client * sampled  # every anchor's targets wait in the store at once
         if held > memory_budget:
             raise ValueError(
                 f"algorithm.params: the server holds {held / MIB:,.1f} MiB of targets per step "
-                f"({int(sampled)} clients × {formula} floats), over the memory budget "
+                f"({sampled} clients × {formula} floats), over the memory budget "
                 f"{memory_budget / MIB:,.0f} MiB; {knobs}"
             )
 
@@ -203,10 +204,6 @@ class RepresentationAlignment(Algorithm):
 class FedMuscle(RepresentationAlignment):
     name = "fedmuscle"
     summary = "FedMuscle: N-model contrastive alignment (Muscle loss) on public data"
-
-    @property
-    def target_kind(self):
-        return "tuples" if self.params.downlink == "tuples" else "partners"
 
     def targets(self, partners):
         if self.params.downlink == "partners":

@@ -78,8 +78,6 @@ def new_run_dir(cfg: ExperimentConfig) -> tuple[Path, Location]:
     name, suffix = base, 1
     while root.child(name).entries() or root.child(name).is_file():
         name, suffix = f"{base}-{suffix}", suffix + 1
-    if root.local:
-        make_directory(Path(root.child(name).path))  # one clear line if it cannot be made
     return run_location(root.child(name).uri)  # absolute: printed and returned as such
 
 

@@ -8,6 +8,7 @@ give identical results.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ class ParticipantHost:
         algorithm_cls = get_algorithm(self.config.algorithm.name)
         self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self._build_model)
         self.states: dict[str, State] = {}
+        self._public: torch.Tensor | None = None  # the public set, decoded on first use
         for participant in spec.participants:  # a client's model is the one it was given
             self._building = participant
             data = self._client_data(participant)
@@ -140,7 +142,7 @@ class ParticipantHost:
 
     def _public_samples(self) -> torch.Tensor:
         """The public set's images as float tensors of the federation's input shape."""
-        if getattr(self, "_public", None) is None:
+        if self._public is None:
             from raymtl.data import load_pool
             from raymtl.data.client_data import decode_images
 
@@ -228,8 +230,6 @@ class ParticipantHost:
         """runtime.precision for a client's steps and evaluation (Lightning's names): under
         bf16-mixed, matmuls and convolutions run in bfloat16 while weights, optimiser state
         and every other role's maths (aggregation, HCA, graphs) stay in float32."""
-        import contextlib
-
         if self.config.runtime.precision != "bf16-mixed" or role_of(participant) != "client":
             return contextlib.nullcontext()
         device = "cuda" if self.spec.device.startswith("cuda") else "cpu"
