@@ -105,6 +105,11 @@ class RuntimeConfig(Section):
         description="bytes (or '16GB', '512MiB') clients' state may take; null = what "
         "the cluster reports",
     )
+    spill_dir: str | None = Field(
+        None,
+        description="local disk for clients' kept state beyond memory_budget; null = the "
+        "system's temporary folder",
+    )
     precision: Literal["fp32", "bf16-mixed"] = Field(
         "fp32", description="bf16-mixed: clients train and evaluate under bfloat16 autocast"
     )

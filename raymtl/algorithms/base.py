@@ -212,6 +212,12 @@ class Algorithm:
     # "different": clients' models may differ (nothing of a model is averaged across them).
     model_support: ClassVar[str] = "same"
     uses_public: ClassVar[bool] = False  # True: clients get the public set (data.public)
+    # What of a client's State persists between rounds: its "model" (weights) and/or its
+    # "extras". The host keeps only that, as tensors (spilled beyond runtime.memory_budget),
+    # and runs steps on a shared working model. Without "model", a step gets the model at
+    # its initial weights (load what the inbox brings) and the client is evaluated with its
+    # round's evaluation_only message over it.
+    keeps: ClassVar[tuple[str, ...]] = ("model", "extras")
 
     def __init__(self, params: Params, model_factory):
         self.params = params

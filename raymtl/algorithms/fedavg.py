@@ -4,11 +4,13 @@ McMahan et al., "Communication-Efficient Learning of Deep Networks from
 Decentralized Data", AISTATS 2017.
 
 Round t, with S_t the sampled clients (⌈m·N⌉ of N):
+    server:          sends w to every i ∈ S_t
     client i ∈ S_t:  w_i ← LocalSGD(w, E epochs, lr)
     server:          w ← Σ_{i∈S_t} n_i·w_i / Σ_{i∈S_t} n_i
-    every client:    w_i ← w        (the broadcast is what clients are evaluated with)
-Bits per round: uplink |S_t|·|w|·32, downlink |S_t|·|w|·32: the model goes to the clients that
-trained; the others get it only to be evaluated with it (evaluation_only, not counted).
+Every client is evaluated with the new w (an evaluation_only copy: not traffic).
+Bits per round: downlink |S_t|·|w|·32, uplink |S_t|·|w|·32. A client keeps nothing between
+rounds (`keeps = ()`): the model it trains arrives with the round, so a host holds no model
+per client, whatever N.
 
 Local: every client trains on its own data only; nothing is transmitted.
 """
@@ -44,6 +46,12 @@ def train_local_model(state: State, ctx, params) -> float:
     return loss
 
 
+def start_from_global(state: State, inbox: list[Message]) -> None:
+    """A client that keeps no model starts the round from the one its inbox brings."""
+    for message in inbox:
+        load_tensors(state.model, message.tensors)
+
+
 def by_sender(inbox: list[Message]) -> list[Message]:
     """Messages in a fixed order (by sender), so sums are order independent."""
     return sorted(inbox, key=lambda message: (message.src, message.kind))
@@ -54,12 +62,13 @@ class FedAvg(Algorithm):
     name = "fedavg"
     summary = "FedAvg: sample-weighted model averaging on a server (McMahan et al. 2017)"
     shapes = ("star",)
+    keeps = ()  # the model arrives with each round; evaluation uses the round's broadcast
 
     def phases(self, round_index, rounds):
         return [
+            Phase("server", "broadcast", "all"),
             Phase("client", "train", "sampled"),
             Phase("server", "aggregate", "inbox"),
-            Phase("client", "receive", "inbox"),
         ]
 
     def init_state(self, participant, data, federation):
@@ -67,7 +76,13 @@ class FedAvg(Algorithm):
             return State(model=self.model_factory(federation.num_classes[0]))
         return super().init_state(participant, data, federation)
 
+    def broadcast(self, state, inbox, ctx):
+        global_model = model_tensors(state.model)  # one payload, stored once for all
+        return state, [Message(SERVER, client_name(i), "global_model", global_model)
+                       for i in ctx.sampled]  # fmt: skip
+
     def train(self, state, inbox, ctx):
+        start_from_global(state, inbox)
         train_local_model(state, ctx, self.params)
         return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
 
@@ -77,21 +92,13 @@ class FedAvg(Algorithm):
         average = weighted_average(updates)
         if average is not None:
             self.merge(state.model, average)
-        global_model, sampled = model_tensors(state.model), set(ctx.sampled)
-        outbox = [
-            Message(SERVER, client_name(i), "global_model", global_model, i not in sampled)
-            for i in range(ctx.federation.num_clients)
-        ]
-        return state, outbox
+        global_model = model_tensors(state.model)
+        return state, [Message(SERVER, client_name(i), "global_model", global_model, True)
+                       for i in range(ctx.federation.num_clients)]  # fmt: skip
 
     def merge(self, model, average) -> None:
         """How the server's model takes the clients' average (FedAvg: replaced by it)."""
         load_tensors(model, average)
-
-    def receive(self, state, inbox, ctx):
-        for message in inbox:
-            load_tensors(state.model, message.tensors)
-        return state, []
 
 
 @register

@@ -21,7 +21,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message
-from raymtl.algorithms.fedavg import FedAvg
+from raymtl.algorithms.fedavg import FedAvg, start_from_global
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
@@ -91,7 +91,7 @@ def pfedme_train(local: nn.Module, data, params: PFedMeParams, seed: int) -> nn.
 
 @register
 class PFedMe(FedAvg):
-    """FedAvg's round (train → aggregate → receive) with pFedMe's client and server steps."""
+    """FedAvg's round (broadcast → train → aggregate) with pFedMe's client and server steps."""
 
     name = "pfedme"
     summary = "pFedMe: Moreau-envelope personal models, FedAvg of the local copies"
@@ -107,7 +107,10 @@ class PFedMe(FedAvg):
         load_tensors(personal, state.extras["personal"])
         return personal
 
+    keeps = ("extras",)  # θ̃; w_k ← w arrives with each round
+
     def train(self, state, inbox, ctx):
+        start_from_global(state, inbox)
         seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
         personal = pfedme_train(state.model, state.data, self.params, seed)
         state.extras["personal"] = model_tensors(personal)

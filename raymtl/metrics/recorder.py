@@ -60,6 +60,13 @@ ROUNDS_SCHEMA = pa.schema(
         ("seconds_receive", pa.float64()),
         ("seconds_evaluate", pa.float64()),
         ("clients_trained", pa.int64()),
+        # clients' kept state (runtime/clients.py): bytes and clients in memory and spilled
+        # to local disk (beyond runtime.memory_budget), and the working models serving them
+        ("state_resident_bytes", pa.int64()),
+        ("state_spilled_bytes", pa.int64()),
+        ("clients_resident", pa.int64()),
+        ("clients_spilled", pa.int64()),
+        ("working_models", pa.int64()),
     ]
 )
 

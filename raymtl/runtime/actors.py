@@ -13,7 +13,11 @@ from raymtl.runtime.host import ParticipantHost
 
 
 class ObjectStoreHost(ParticipantHost):
-    """A ParticipantHost whose message payloads live in Ray's object store."""
+    """A ParticipantHost whose message payloads and data pools live in Ray's object store."""
+
+    def __init__(self, spec):
+        self._shared_pools = {}
+        super().__init__(spec)
 
     def put(self, tensors):
         return ray.put(tensors)  # serialised once; receivers read it zero-copy
@@ -23,6 +27,17 @@ class ObjectStoreHost(ParticipantHost):
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    def pool(self, source: str):
+        """The pool the driver put in the object store: one copy per node, mapped here."""
+        refs = self.spec.pools or {}
+        if source not in refs:
+            return super().pool(source)
+        from raymtl.runtime.host_data import pool_from_shared
+
+        if source not in self._shared_pools:
+            self._shared_pools[source] = pool_from_shared(ray.get(refs[source]))
+        return self._shared_pools[source]
 
 
 @ray.remote

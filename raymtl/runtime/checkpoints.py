@@ -39,6 +39,21 @@ def checkpoint_file(directory: Location, participant: str) -> Location:
     return directory.child(f"{participant.replace('/', '_')}.pt")
 
 
+def index_file(directory: Location, first_participant: str) -> Location:
+    """A client host's list of the clients it saved (those that never took part have no
+    file): named by its first participant, so any layout of hosts can read it back."""
+    return directory.child(f"index-{first_participant.replace('/', '_')}.json")
+
+
+def saved_clients(directory: Location) -> set[str] | None:
+    """Every client saved in a checkpoint folder (None: a folder written before indexes,
+    where every client has its file)."""
+    indexes = [name for name in directory.entries() if name.startswith("index-")]
+    if not indexes:
+        return None
+    return {p for name in indexes for p in json.loads(directory.child(name).read_text())}
+
+
 def check_shared(directory: Location, executor) -> None:
     """Every host writes a file under `directory` and looks for the driver's: both sides must
     see each other's, or checkpoints written on one node are lost to the others."""
@@ -55,9 +70,18 @@ def check_shared(directory: Location, executor) -> None:
         )
 
 
-def verify_checkpoint(directory: Location, participants: list[str]) -> None:
-    """COMPLETE only when every participant's state is there (as the driver sees it)."""
-    missing = [p for p in participants if not checkpoint_file(directory, p).is_file()]
+def verify_checkpoint(directory: Location, hosts: dict[str, tuple[str, ...]]) -> None:
+    """COMPLETE only when every participant's state is there (as the driver sees it): each
+    coordinator's file, each client host's index and the files of the clients it lists."""
+    expected, missing = [], []
+    for members in hosts.values():
+        if not members[0].startswith("client/"):
+            expected += list(members)
+        elif not index_file(directory, members[0]).is_file():
+            missing.append(f"index of {members[0]}")
+    saved = saved_clients(directory) or set()
+    expected += sorted(saved & {p for members in hosts.values() for p in members})
+    missing += [p for p in expected if not checkpoint_file(directory, p).is_file()]
     if missing:
         raise ConfigError(
             f"output.dir: {len(missing)} checkpoint files (e.g. {missing[0]}'s) were written by "

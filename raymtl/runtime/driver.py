@@ -193,6 +193,7 @@ class Driver:
             self.recorder.add_rows(
                 "faults", dropped_rows(seed, self.current_round, executor, router)
             )
+        row.update(executor.state_report())
         lost_clients = sum(role_of(p) == "client" for p in executor.lost)
         row.update(clients_lost=lost_clients, clients_answered=n - lost_clients)
         return row
@@ -226,6 +227,7 @@ class Driver:
         for (participant, message), count in sorted(warned.items()):  # on the console too
             log.warning("seed %d round %d, %s: %s (x%d)", seed, round_index, participant,
                         message, count)  # fmt: skip
+        executor.hold_for_evaluation(router.take_evaluation())
         if router.undelivered():
             raise RuntimeError(f"round {round_index}: messages left undelivered")
         return router, holders, seconds
@@ -281,7 +283,7 @@ class Driver:
         """Hosts save their own states; then metrics; then the COMPLETE marker."""
         directory = checkpoint_dir(seed_dir, round_index)
         executor.save(directory.uri)
-        verify_checkpoint(directory, executor.participants())
+        verify_checkpoint(directory, executor.members)
         self.recorder.flush()
         publish(self.run_dir, self.store)
         # The federation it holds: without the clients the run went on without.

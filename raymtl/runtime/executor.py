@@ -53,6 +53,10 @@ class Executor(ABC):
     @abstractmethod
     def peer_mixing(self, kind: str, num_nodes: int, seed: int, params: dict) -> dict: ...
 
+    def share_pools(self, pools: dict) -> dict | None:
+        """Make the decoded pools available to every host (None: each host loads its own)."""
+        return None
+
     @abstractmethod
     def _start_host(self, name: str, role: str, spec: HostSpec): ...
 
@@ -91,6 +95,34 @@ class Executor(ABC):
         }
         results = self._call("evaluate", calls)
         return sorted((row for rows in results.values() for row in rows), key=lambda r: r["client"])
+
+    def hold_for_evaluation(self, envelopes: list[Envelope]) -> None:
+        """Hand each client host the evaluation copies for its clients: every distinct
+        payload once per host, however many of its clients share it."""
+        calls = {}
+        for name, participants in self.members.items():
+            members = set(participants)
+            mine = [e for e in envelopes if e.dst in members]
+            if not mine:
+                continue
+            distinct: dict[int, int] = {}
+            payloads = []
+            for envelope in mine:
+                if id(envelope.payload) not in distinct:
+                    distinct[id(envelope.payload)] = len(payloads)
+                    payloads.append(envelope.payload)
+            calls[name] = (payloads, {e.dst: distinct[id(e.payload)] for e in mine})
+        self._call("hold_for_evaluation", calls)
+
+    def state_report(self) -> dict[str, int]:
+        """Clients' kept state over every client host: bytes resident and spilled."""
+        calls = {name: () for name, members in self.members.items()
+                 if role_of(members[0]) == "client"}  # fmt: skip
+        total: dict[str, int] = {}
+        for report in self._call("state_report", calls).values():
+            for key, value in report.items():
+                total[key] = total.get(key, 0) + value
+        return total
 
     def memory_available(self) -> int:
         """Memory the hosts may use: this machine's (inline), the cluster's (Ray)."""
@@ -131,6 +163,11 @@ class Executor(ABC):
         self._call("save", {name: (directory,) for name in self.hosts})
 
     def shutdown(self) -> None:
+        try:  # spilled client state is local scratch: remove it
+            self._call("close", {name: () for name, members in self.members.items()
+                                 if role_of(members[0]) == "client"})  # fmt: skip
+        except Exception as error:  # a lost host's scratch is gone with its node or process
+            log.warning("closing hosts: %s", error)
         self.hosts.clear()
         self.members.clear()
         self.specs.clear()
@@ -184,6 +221,40 @@ class RayExecutor(Executor):
 
     def peer_mixing(self, kind, num_nodes, seed, params):
         return self._ray.get(self.graph.peer_mixing.remote(kind, num_nodes, seed, params))
+
+    def hold_for_evaluation(self, envelopes: list[Envelope]) -> None:
+        """Hand each client host the evaluation copies for its clients: every distinct
+        payload once per host, however many of its clients share it."""
+        calls = {}
+        for name, participants in self.members.items():
+            members = set(participants)
+            mine = [e for e in envelopes if e.dst in members]
+            if not mine:
+                continue
+            distinct: dict[int, int] = {}
+            payloads = []
+            for envelope in mine:
+                if id(envelope.payload) not in distinct:
+                    distinct[id(envelope.payload)] = len(payloads)
+                    payloads.append(envelope.payload)
+            calls[name] = (payloads, {e.dst: distinct[id(e.payload)] for e in mine})
+        self._call("hold_for_evaluation", calls)
+
+    def state_report(self) -> dict[str, int]:
+        """Clients' kept state over every client host: bytes resident and spilled."""
+        calls = {name: () for name, members in self.members.items()
+                 if role_of(members[0]) == "client"}  # fmt: skip
+        total: dict[str, int] = {}
+        for report in self._call("state_report", calls).values():
+            for key, value in report.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    def share_pools(self, pools: dict) -> dict:
+        """Each pool into the object store once: the actors of a node map one copy."""
+        from raymtl.runtime.host_data import pool_to_shared
+
+        return {name: self._ray.put(pool_to_shared(pool)) for name, pool in pools.items()}
 
     def memory_available(self) -> int:
         """The memory Ray reports for the cluster's tasks and actors."""

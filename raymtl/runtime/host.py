@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 from dataclasses import dataclass
 
@@ -29,7 +30,9 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import derive_seed, evaluate
 from raymtl.config import ExperimentConfig
 from raymtl.models.registry import num_params
-from raymtl.runtime.checkpoints import checkpoint_dir, checkpoint_file
+from raymtl.runtime.checkpoints import checkpoint_dir, checkpoint_file, index_file, saved_clients
+from raymtl.runtime.clients import HostedClients, cached_factory
+from raymtl.runtime.host_data import HostData
 from raymtl.runtime.router import Envelope
 from raymtl.runtime.storage import Location
 
@@ -52,6 +55,7 @@ class HostSpec:
     checkpoint_root: str | None = None
     resume_round: int = 0
     public: object = None  # data.domains.PublicShard, decoded only if the algorithm uses it
+    pools: dict | None = None  # source -> the decoded pool in Ray's object store (a ref)
 
 
 class AlgorithmWarnings(logging.Handler):
@@ -83,16 +87,31 @@ class ParticipantHost:
         self.config = ExperimentConfig.model_validate(spec.config)
         algorithm_cls = get_algorithm(self.config.algorithm.name)
         self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self._build_model)
-        self.states: dict[str, State] = {}
-        self._public: torch.Tensor | None = None  # the public set, decoded on first use
-        for participant in spec.participants:  # a client's model is the one it was given
-            self._building = participant
-            data = self._client_data(participant)
-            self.states[participant] = self.algorithm.init_state(participant, data, spec.federation)
-        self._building = None
+        self._factory = cached_factory(self._new_model, self._seed_init)
+        self.data = HostData(self.config, spec, self.algorithm.uses_public, self.pool)
+        self._building: str | None = None
+        # Clients are built on first use (clients.py); other roles are few and kept whole.
+        self.clients = HostedClients(self.algorithm.keeps, self._init_client, self.data.client,
+                                     self.model_name, self._state_budget(),
+                                     self.config.runtime.spill_dir)  # fmt: skip
+        self.states: dict[str, State] = {
+            p: self.algorithm.init_state(p, None, spec.federation)
+            for p in spec.participants
+            if role_of(p) != "client"
+        }
         if spec.checkpoint_root and spec.resume_round:
             root = Location.of(spec.checkpoint_root)
             self.load(checkpoint_dir(root, spec.resume_round).uri)
+
+    def _state_budget(self) -> float:
+        """This host's share of runtime.memory_budget for its clients' kept state."""
+        from raymtl.runtime.memory import parse_bytes
+
+        budget = self.config.runtime.memory_budget
+        mine = sum(role_of(p) == "client" for p in self.spec.participants)
+        if budget is None or not mine:
+            return float("inf")
+        return parse_bytes(budget) * mine / self.spec.federation.num_clients
 
     # -- payloads: in-process copies here, Ray's object store in actors.py
     def put(self, tensors: dict[str, torch.Tensor]):
@@ -109,50 +128,32 @@ class ParticipantHost:
         return models[index_of(participant)]
 
     def _build_model(self, num_classes: int):
+        # Same seed for every participant: all models of one architecture start from one init
+        # (built once per architecture, then copied: cached_factory).
+        return self._factory(self.model_name(self._building), num_classes)
+
+    def _init_client(self, participant: str, data) -> State:
+        self._building = participant  # a client's model is the one it was given
+        try:
+            return self.algorithm.init_state(participant, data, self.spec.federation)
+        finally:
+            self._building = None
+
+    def _seed_init(self) -> None:
+        torch.manual_seed(derive_seed(self.spec.seed, "model-init"))
+
+    def _new_model(self, name: str, num_classes: int):
         from raymtl.models import build_model
 
-        # Same seed for every participant: all models of one architecture start from one init.
-        torch.manual_seed(derive_seed(self.spec.seed, "model-init"))
-        name = self.model_name(getattr(self, "_building", None))
         params = self.config.model.params if name == self.config.model.name else {}
         model = build_model(name, self.spec.federation.input_shape, num_classes, **params)
         if self.config.runtime.precision == "bf16-mixed":  # bf16 convolutions run faster NHWC
             model = model.to(memory_format=torch.channels_last)
         return model.to(self.spec.device)
 
-    def _client_data(self, participant: str):
-        if role_of(participant) != "client":
-            return None
-        from raymtl.data import load_pool, materialize
-
-        data_cfg = self.config.data
-        shard = self.spec.shards[participant]
-        source = shard.source or data_cfg.name
-        params = data_cfg.params if source == data_cfg.name else {}
-        pool = load_pool(source, data_cfg.root, data_cfg.download, self.spec.seed, **params)
-        federation = self.spec.federation
-        task = federation.task_specs[shard.task] if federation.task_specs else None
-        data = materialize(pool, shard, self.spec.seed, task, federation.input_shape)
-        if self.algorithm.uses_public:  # one decoded copy per host, shared by its clients
-            data.public_x = self._public_samples()
-        if self.spec.device != "cpu":
-            for name in ("train_x", "train_y", "test_x", "test_y"):
-                setattr(data, name, getattr(data, name).to(self.spec.device))
-        return data
-
-    def _public_samples(self) -> torch.Tensor:
-        """The public set's images as float tensors of the federation's input shape."""
-        if self._public is None:
-            from raymtl.data import load_pool
-            from raymtl.data.client_data import decode_images
-
-            data_cfg, public = self.config.data, self.spec.public
-            params = data_cfg.params if public.source == data_cfg.name else {}
-            pool = load_pool(public.source, data_cfg.root, data_cfg.download, self.spec.seed,
-                             **params)  # fmt: skip
-            images = decode_images(pool, public.indices, self.spec.federation.input_shape)
-            self._public = images.to(self.spec.device)
-        return self._public
+    def pool(self, source: str):
+        """A source's decoded pool: the object store's copy under Ray (actors.py)."""
+        return self.data.load(source)
 
     def run_phase(
         self,
@@ -184,13 +185,18 @@ class ParticipantHost:
                 sampled=sampled,
                 federation=self.spec.federation,
             )
+            client = role_of(participant) == "client"
+            state = self.clients.checkout(participant) if client else self.states[participant]
             with AlgorithmWarnings() as warned, self.precision(participant):
-                state, outbox = step(self.states[participant], inbox, ctx)
+                state, outbox = step(state, inbox, ctx)
             ctx.records.extend(
                 ("warnings", {"participant": participant, "step": phase.step, "message": text})
                 for text in warned.messages
             )
-            self.states[participant] = state
+            if client:
+                self.clients.checkin(participant, state)
+            else:
+                self.states[participant] = state
             for message in outbox:
                 if id(message.tensors) not in stored:
                     stored[id(message.tensors)] = self.put(message.tensors)
@@ -201,14 +207,22 @@ class ParticipantHost:
             records += ctx.records
         return outgoing, records
 
+    def hold_for_evaluation(self, payloads: list, owners: dict[str, int]) -> bool:
+        """The round's evaluation_only messages: `owners[client]` indexes the distinct
+        `payloads`, each fetched once however many clients share it."""
+        tensors = self.get(payloads)
+        self.clients.hold_for_evaluation({p: tensors[k] for p, k in owners.items()})
+        return True
+
+    def client_participants(self) -> list[str]:
+        return [p for p in self.spec.participants if role_of(p) == "client"]
+
     def evaluate(self) -> list[dict]:
         """Loss and the task's metrics of every hosted client on its own test split."""
         rows = []
-        for participant, state in self.states.items():
-            if role_of(participant) != "client":
-                continue
-            data, shard = state.data, self.spec.shards[participant]
-            model = self.algorithm.eval_model(state)
+        for participant in self.client_participants():
+            state, shard = self.clients.evaluation_state(participant), self.spec.shards[participant]
+            data, model = state.data, self.algorithm.eval_model(state)
             with self.precision(participant):
                 metrics = evaluate(model, data.test_x, data.test_y, data.task)
             rows.append(
@@ -225,6 +239,10 @@ class ParticipantHost:
                 }
             )
         return rows
+
+    def state_report(self) -> dict:
+        """Bytes of clients' kept state resident and spilled, and the working models."""
+        return self.clients.report()
 
     def precision(self, participant: str):
         """runtime.precision for a client's steps and evaluation (Lightning's names): under
@@ -245,35 +263,53 @@ class ParticipantHost:
 
     def save(self, directory: str) -> None:
         """Write each hosted participant's state (model + extras) under `directory` (a path or
-        a URI: this host writes its own files, on whatever node it runs)."""
+        a URI: this host writes its own files, on whatever node it runs). Clients that never
+        took part have nothing to save; the host's index names the clients it saved."""
         folder = Location.of(directory)
         for participant, state in self.states.items():
-            blob = {
-                "model": state.model.state_dict() if state.model is not None else None,
-                "extras": state.extras,
-            }
-            buffer = io.BytesIO()
-            torch.save(blob, buffer)
-            checkpoint_file(folder, participant).write_bytes(buffer.getvalue())
+            model = state.model.state_dict() if state.model is not None else None
+            write_blob(
+                checkpoint_file(folder, participant), {"model": model, "extras": state.extras}
+            )
+        clients = self.client_participants()
+        if not clients:
+            return
+        saved = []
+        for participant, blob in self.clients.saved_blobs():
+            write_blob(checkpoint_file(folder, participant), blob)
+            saved.append(participant)
+        index_file(folder, clients[0]).write_text(json.dumps(sorted(saved)))
 
     def load(self, directory: str) -> None:
         """Restore hosted participants from a checkpoint folder (data is rebuilt)."""
         folder = Location.of(directory)
         for participant, state in self.states.items():
-            location = checkpoint_file(folder, participant)
-            if not location.is_file():  # never silently start from the initial model
-                raise FileNotFoundError(
-                    f"output.dir: checkpoint file {location} is not visible on node "
-                    f"{self.node()} (output.dir must be storage every node shares)"
-                )
-            blob = torch.load(
-                io.BytesIO(location.read_bytes()),
-                map_location=self.spec.device,
-                weights_only=True,  # tensors and plain data only: a file cannot run code
-            )
+            blob = self._read(folder, participant)
             if blob["model"] is not None:
                 state.model.load_state_dict(blob["model"])
             state.extras = blob["extras"]
+        saved = saved_clients(folder)  # None: a checkpoint from before indexes: every client
+        for participant in self.client_participants():
+            if saved is None or participant in saved:
+                self.clients.restore(participant, self._read(folder, participant))
+
+    def _read(self, folder: Location, participant: str) -> dict:
+        location = checkpoint_file(folder, participant)
+        if not location.is_file():  # never silently start from the initial model
+            raise FileNotFoundError(
+                f"output.dir: checkpoint file {location} is not visible on node "
+                f"{self.node()} (output.dir must be storage every node shares)"
+            )
+        return torch.load(
+            io.BytesIO(location.read_bytes()),
+            map_location=self.spec.device,
+            weights_only=True,  # tensors and plain data only: a file cannot run code
+        )
+
+    def close(self) -> bool:
+        """Remove this host's spilled client state (local disk)."""
+        self.clients.close()
+        return True
 
     def ping(self) -> bool:
         return True
@@ -294,3 +330,9 @@ class ParticipantHost:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def write_blob(location: Location, blob: dict) -> None:
+    buffer = io.BytesIO()
+    torch.save(blob, buffer)
+    location.write_bytes(buffer.getvalue())

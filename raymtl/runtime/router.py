@@ -62,13 +62,31 @@ class Router:
             self.ledger.append(row)
 
     def waiting(self) -> set[str]:
-        """Participants with envelopes waiting."""
-        return {dst for dst, queue in self._pending.items() if queue}
+        """Participants with envelopes waiting for a step (evaluation copies do not count)."""
+        return {dst for dst, queue in self._pending.items()
+                if any(not e.evaluation_only for e in queue)}  # fmt: skip
 
     def take(self, participants: list[str]) -> dict[str, list[Envelope]]:
-        """Hand the waiting envelopes of `participants` over (they leave the router)."""
-        self._taken = {p: self._pending.pop(p, []) for p in participants}
+        """Hand the waiting envelopes of `participants` over (they leave the router); an
+        evaluation copy is never a step's input: it waits for `take_evaluation`."""
+        self._taken = {}
+        for participant in participants:
+            queue = self._pending.pop(participant, [])
+            held = [e for e in queue if e.evaluation_only]
+            if held:
+                self._pending[participant] = held
+            self._taken[participant] = [e for e in queue if not e.evaluation_only]
         return self._taken
+
+    def take_evaluation(self) -> list[Envelope]:
+        """The round's evaluation copies: the last one each client was sent."""
+        last = {}
+        for dst, queue in list(self._pending.items()):
+            held = [e for e in queue if e.evaluation_only]
+            if held:
+                last[dst] = held[-1]
+                self._pending[dst] = [e for e in queue if not e.evaluation_only]
+        return list(last.values())
 
     def retract(self, participants: set[str]) -> None:
         """The last `take`'s envelopes for `participants` were never processed (their host was

@@ -26,8 +26,8 @@ class Setup:
 
 
 def partition(cfg: ExperimentConfig, seed: int):
-    """The main pool, the clients' shards (indices, task of each client), the tasks and the
-    public set (data.public; None without one).
+    """The pools by source name, the clients' shards (indices, task of each client), the
+    tasks and the public set (data.public; None without one).
 
     Every failure (missing data, a partition the data cannot give, tasks that do not fit
     the source or the algorithm) is one ConfigError line, before any actor starts.
@@ -47,7 +47,7 @@ def partition(cfg: ExperimentConfig, seed: int):
     except ValueError as error:  # bad partition for this dataset: a config error
         raise ConfigError(str(error).splitlines()[0]) from None
     check_task_support(cfg, specs)
-    return pools[data.name], shards, specs, public
+    return pools, shards, specs, public
 
 
 def check_federation(cfg: ExperimentConfig) -> None:
@@ -56,8 +56,10 @@ def check_federation(cfg: ExperimentConfig) -> None:
     from raymtl.runtime.executor import InlineExecutor
 
     seed = cfg.seeds[0]
-    pool, shards, specs, _ = partition(cfg, seed)
-    federation = build_federation(cfg, seed, InlineExecutor(cfg.runtime), pool, shards, specs)
+    pools, shards, specs, _ = partition(cfg, seed)
+    federation = build_federation(
+        cfg, seed, InlineExecutor(cfg.runtime), pools[cfg.data.name], shards, specs
+    )
     check_memory(cfg, federation)
 
 
@@ -124,12 +126,13 @@ def build_setup(
     lost: list[str] = (),
 ) -> Setup:
     """Partition the data, build the topology and lay participants out on hosts."""
-    pool, shards, specs, public = partition(cfg, seed)
-    federation = build_federation(cfg, seed, executor, pool, shards, specs)
+    pools, shards, specs, public = partition(cfg, seed)
+    federation = build_federation(cfg, seed, executor, pools[cfg.data.name], shards, specs)
     check_model(cfg, federation)
     if cfg.runtime.address and cfg.runtime.memory_budget is None:
         check_memory(cfg, federation, executor.memory_available())
     by_name = {client_name(s.client_id): s for s in shards}
+    shared = executor.share_pools(pools)  # once per run in Ray's object store (None inline)
     specs = {
         name: HostSpec(
             config=cfg.model_dump(mode="json"),
@@ -137,6 +140,7 @@ def build_setup(
             participants=tuple(members),
             shards={p: by_name[p] for p in members if p in by_name},
             public=public if any(p in by_name for p in members) else None,
+            pools=shared if any(p in by_name for p in members) else None,
             seed=seed,
             torch_threads=max(1, int(cfg.runtime.num_cpus_per_actor)),
             device=client_device(cfg) if members[0].startswith("client") else "cpu",

@@ -113,19 +113,20 @@ def test_bf16_mixed_precision_trains_like_fp32_and_is_recorded(tmp_path):
     assert bf16.config["runtime"]["precision"] == "bf16-mixed"
     first, last = bf16.rounds["mean_loss"].iloc[0], bf16.rounds["mean_loss"].iloc[-1]
     assert last < first - 0.2  # it learns (a cached bf16 weight copy would freeze it)
-    gap = abs(bf16.rounds["mean_accuracy"].iloc[-1] - fp32.rounds["mean_accuracy"].iloc[-1])
-    assert gap < 0.1
+    # Tracks fp32: the loss (accuracy on ~60 test samples moves in steps of 1/60 and is noisy).
+    assert abs(last - fp32.rounds["mean_loss"].iloc[-1]) < 0.05
 
 
 def test_rounds_say_where_the_seconds_went_and_the_summary_the_throughput(tmp_path):
     results = raymtl.load_results(raymtl.run(write(tmp_path), overrides=["rounds=2"]))
     rounds = results.rounds
     assert rounds["clients_trained"].tolist() == [6, 6]  # FedAvg: every client trains
-    for kind in ("seconds_train", "seconds_aggregate", "seconds_receive", "seconds_evaluate"):
+    for kind in ("seconds_train", "seconds_aggregate", "seconds_evaluate"):
         assert (rounds[kind] > 0).all(), kind
+    assert (rounds["seconds_receive"] == 0).all()  # FedAvg's clients have no other step
     assert (rounds["seconds_train"] + rounds["seconds_aggregate"] < rounds["wall_time"]).all()
     phases = results.tables["phases"]
-    assert phases.groupby("round")["step"].apply(list).tolist() == [["train", "aggregate",
-                                                                      "receive"]] * 2  # fmt: skip
+    assert phases.groupby("round")["step"].apply(list).tolist() == [["broadcast", "train",
+                                                                      "aggregate"]] * 2  # fmt: skip
     throughput = results.summary["final"]["client_updates_per_second"]["mean"]
     assert throughput == pytest.approx(12 / rounds["wall_time"].iloc[-1])

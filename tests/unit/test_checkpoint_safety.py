@@ -22,11 +22,14 @@ class Planted:
         return (open, (self.marker, "w"))
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "pfedme"])
-def test_a_planted_checkpoint_is_refused_not_run(tmp_path, algorithm):
+# FedAvg's clients keep nothing (no file): its server's; pFedMe's clients keep θ̃.
+@pytest.mark.parametrize(
+    ("algorithm", "file"), [("fedavg", "server.pt"), ("pfedme", "client_0.pt")]
+)
+def test_a_planted_checkpoint_is_refused_not_run(tmp_path, algorithm, file):
     cfg = parse_config(digits_experiment(tmp_path, **{"algorithm.name": algorithm, "rounds": 3}))
     run_dir = run_experiment(cfg, tmp_path / "run", stop_after=2)
-    (checkpoint,) = (run_dir / "checkpoints" / "seed0" / "round00002").glob("client_0.pt")
+    (checkpoint,) = (run_dir / "checkpoints" / "seed0" / "round00002").glob(file)
     state = torch.load(checkpoint, weights_only=True)  # what raymtl writes loads safely
     assert set(state) == {"model", "extras"}
     marker = tmp_path / "code-ran"

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from raymtl.config import ConfigError
-from raymtl.runtime.checkpoints import check_shared, checkpoint_file, verify_checkpoint
+from raymtl.runtime.checkpoints import (
+    check_shared,
+    checkpoint_file,
+    index_file,
+    saved_clients,
+    verify_checkpoint,
+)
 from raymtl.runtime.storage import Location
 
 
@@ -43,10 +49,17 @@ def test_a_shared_directory_passes(tmp_path):
 
 def test_complete_needs_every_participants_file(tmp_path):
     folder = Location.of(tmp_path)
+    hosts = {"clients-0": ("client/0", "client/1"), "server": ("server",)}
+    with pytest.raises(ConfigError, match=r"2 checkpoint files \(e.g. index of client/0's\)"):
+        verify_checkpoint(folder, hosts)
+    # The client host's index names the clients it saved (client/1 never took part).
+    index_file(folder, "client/0").write_text('["client/0"]')
+    checkpoint_file(folder, "server").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"1 checkpoint files \(e.g. client/0's\)"):
+        verify_checkpoint(folder, hosts)
     checkpoint_file(folder, "client/0").write_bytes(b"x")
-    verify_checkpoint(folder, ["client/0"])
-    with pytest.raises(ConfigError, match=r"1 checkpoint files \(e.g. server's\)"):
-        verify_checkpoint(folder, ["client/0", "server"])
+    verify_checkpoint(folder, hosts)
+    assert saved_clients(folder) == {"client/0"}
 
 
 def test_a_host_never_starts_from_scratch_when_its_checkpoint_is_missing(tmp_path, make_config):

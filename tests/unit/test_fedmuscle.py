@@ -187,7 +187,7 @@ def test_a_task_on_another_domain_is_resized_to_the_main_images(tmp_path):
         "data.name": "synthetic", "data.params": {"shape": [1, 12, 12]}, "data.tasks": tasks,
         "data.public": {"size": 100}, "data.partition": {"kind": "iid"},
     })  # fmt: skip
-    pool, shards, specs, public = partition(cfg, 0)
+    _, shards, specs, public = partition(cfg, 0)
     assert [s.source for s in shards] == [None] * 4 + ["digits"] * 2
     assert public.source == "synthetic" and [s.name for s in specs] == ["shapes", "digits"]
     from raymtl.data import materialize

@@ -74,6 +74,47 @@ def test_iid_clients_see_every_class_equally(labels):
         assert counts.min() >= 3 and counts.max() <= 4
 
 
+def class_counts_per_client(labels, shards, num_classes):
+    held = [np.concatenate([s.train_idx, s.test_idx]) for s in shards]
+    return np.array([np.bincount(labels[idx], minlength=num_classes) for idx in held])
+
+
+def test_iid_remainders_rotate_over_clients():
+    # 3 classes x 5 samples over 4 clients: each class gives every client 1 and has 1 left.
+    # Its remainder starts where the previous class's stopped (5 % 4 = 1, 10 % 4 = 2), so
+    # clients 0, 1, 2 get one extra each instead of client 0 getting all three (6/3/3/3).
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(3), 5))
+    shards = partition_clients(labels, 3, num_clients=4, kind="iid", seed=0)
+    counts = class_counts_per_client(labels, shards, 3)
+    assert counts.tolist() == [[2, 1, 1], [1, 2, 1], [1, 1, 2], [1, 1, 1]]
+
+
+@pytest.mark.parametrize(
+    ("class_sizes", "num_clients", "sizes"),
+    [
+        ([5, 5, 5], 4, [4, 4, 4, 3]),
+        ([3, 4, 6], 4, [4, 3, 3, 3]),  # class 2 starts at client 7 % 4 = 3: extras to 3, 0
+        ([40] * 10, 7, [58, 57, 57, 57, 57, 57, 57]),  # 400 = 7 x 57 + 1
+    ],
+)
+def test_iid_sizes_differ_by_at_most_one(class_sizes, num_clients, sizes):
+    labels = np.repeat(np.arange(len(class_sizes)), class_sizes)
+    shards = partition_clients(labels, len(class_sizes), num_clients=num_clients, kind="iid",
+                               seed=3)  # fmt: skip
+    assert [s.train_idx.size + s.test_idx.size for s in shards] == sizes
+
+
+def test_iid_ten_thousand_clients_get_seven_samples_each():
+    # Fashion-MNIST sized: 10 classes x 7,000 over 10,000 clients. Class c covers the 7,000
+    # clients from 7,000 * c % 10,000 on, so every client holds 7 distinct classes.
+    labels = np.repeat(np.arange(10), 7000)
+    shards = partition_clients(labels, 10, num_clients=10_000, kind="iid", seed=0)
+    counts = class_counts_per_client(labels, shards, 10)
+    assert counts.sum(axis=1).tolist() == [7] * 10_000
+    assert counts.max() == 1
+    assert all(s.train_idx.size == 6 and s.test_idx.size == 1 for s in shards)
+
+
 @pytest.mark.parametrize("k", [1, 2, 3, 10])
 def test_classes_per_client_gives_exactly_k_classes_used_evenly(labels, k):
     shards = split(labels, kind="classes_per_client", classes_per_client=k)

@@ -134,7 +134,9 @@ def test_a_cluster_run_is_held_to_what_ray_reports(tmp_path, capsys):
     from raymtl.runtime.executor import InlineExecutor
     from raymtl.runtime.setup import build_federation, partition
 
-    pool, shards, specs, _ = partition(cfg, 0)
-    federation = build_federation(cfg, 0, InlineExecutor(cfg.runtime), pool, shards, specs)
+    pools, shards, specs, _ = partition(cfg, 0)
+    federation = build_federation(
+        cfg, 0, InlineExecutor(cfg.runtime), pools["digits"], shards, specs
+    )
     with pytest.raises(ConfigError, match="runtime.memory_budget: sheaf_fmtl needs"):
         check_memory(cfg, federation, reported=1000)  # what a (tiny) cluster reported

@@ -1,0 +1,175 @@
+"""Clients' state as tensors: what an algorithm keeps between rounds, and nothing more.
+
+A host holds no `nn.Module` per client. Each client's persistent state (`Algorithm.keeps`:
+its model's tensors and/or its extras) is a *blob* `{"model": {name: tensor} | None,
+"extras": dict}` kept here, resident up to the host's share of `runtime.memory_budget`, and
+written to local disk beyond it (least recently used first): `torch.save`/`torch.load`, so a
+spilled blob comes back bit-identical. Steps run on a few *working* models (`WorkingModels`,
+one per architecture) whose weights the host overwrites in place from a blob before the step
+and reads back after it.
+
+Blobs are never changed in place (a step works on the working model; the host stores fresh
+tensors after it), so blobs may share tensors: a client whose weights equal its
+architecture's initial ones points at those (`template`), and costs nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from raymtl.algorithms.training import load_tensors
+
+
+def tensor_bytes(value) -> int:
+    """Bytes of every tensor inside `value` (dicts, lists, tuples), shared ones once."""
+    seen: dict[int, int] = {}
+
+    def walk(item):
+        if isinstance(item, torch.Tensor):
+            seen[id(item)] = item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            for inner in item.values():
+                walk(inner)
+        elif isinstance(item, list | tuple):
+            for inner in item:
+                walk(inner)
+
+    walk(value)
+    return sum(seen.values())
+
+
+class ClientStates:
+    """Per-client blobs, resident up to `budget` bytes and spilled to disk beyond it."""
+
+    def __init__(self, budget: float = float("inf"), spill_root: str | None = None):
+        self.budget = budget
+        self.resident: OrderedDict[str, dict] = OrderedDict()  # least recently used first
+        self.sizes: dict[str, int] = {}  # bytes of each blob (resident or spilled)
+        self.spilled: dict[str, Path] = {}
+        self.shared: set[int] = set()  # ids of tensors shared by all (templates): not counted
+        self._spill_root, self._folder = spill_root, None
+
+    def __contains__(self, participant: str) -> bool:
+        return participant in self.resident or participant in self.spilled
+
+    def get(self, participant: str) -> dict | None:
+        """The client's blob (read back from disk if it was spilled); None if it has none."""
+        if participant in self.resident:
+            self.resident.move_to_end(participant)
+            return self.resident[participant]
+        if participant not in self.spilled:
+            return None
+        path = self.spilled.pop(participant)
+        blob = torch.load(path, weights_only=True)
+        path.unlink()
+        self._keep(participant, blob)
+        return blob
+
+    def put(self, participant: str, blob: dict | None) -> None:
+        """Store (or, with None, forget) the client's blob; spill others while over budget."""
+        self.forget(participant)
+        if blob is not None:
+            self._keep(participant, blob)
+
+    def forget(self, participant: str) -> None:
+        self.resident.pop(participant, None)
+        self.sizes.pop(participant, None)
+        path = self.spilled.pop(participant, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def _keep(self, participant: str, blob: dict) -> None:
+        self.resident[participant] = blob
+        self.sizes[participant] = self._own_bytes(blob)
+        while self.resident_bytes() > self.budget and len(self.resident) > 1:
+            self._spill(next(iter(self.resident)))
+
+    def _own_bytes(self, blob: dict) -> int:
+        model = blob.get("model") or {}
+        shared = sum(t.numel() * t.element_size() for t in model.values() if id(t) in self.shared)
+        return tensor_bytes(blob) - shared
+
+    def _spill(self, participant: str) -> None:
+        blob = self.resident.pop(participant)
+        path = self.folder() / f"{participant.replace('/', '_')}.pt"
+        torch.save(blob, path)
+        self.spilled[participant] = path
+
+    def folder(self) -> Path:
+        if self._folder is None:
+            root = Path(self._spill_root or tempfile.gettempdir())
+            self._folder = root / f"raymtl-spill-{uuid.uuid4().hex[:12]}"
+            self._folder.mkdir(parents=True, exist_ok=True)
+        return self._folder
+
+    def resident_bytes(self) -> int:
+        return sum(self.sizes[p] for p in self.resident)
+
+    def report(self) -> dict:
+        """What is resident and what is spilled, for rounds.parquet."""
+        return {
+            "state_resident_bytes": self.resident_bytes(),
+            "state_spilled_bytes": sum(self.sizes[p] for p in self.spilled),
+            "clients_resident": len(self.resident),
+            "clients_spilled": len(self.spilled),
+        }
+
+    def close(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+        self.spilled.clear()
+
+
+class WorkingModels:
+    """One model per architecture whose weights are overwritten for each client it serves.
+
+    `loaded[key]` is what was last copied in, by identity (weights, overlay): evaluating many
+    clients with one model (FedAvg's global model) copies it in once, not once per client.
+    """
+
+    def __init__(self):
+        self.models: dict[tuple, nn.Module] = {}
+        self.templates: dict[tuple, dict[str, torch.Tensor]] = {}  # initial weights
+        self.loaded: dict[tuple, tuple | None] = {}
+
+    def adopt(self, key: tuple, model: nn.Module) -> None:
+        """Take `model` (freshly built, at its initial weights) as the working model of `key`."""
+        if key not in self.models:
+            self.models[key] = model
+            self.templates[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            self.loaded[key] = (self.templates[key], None)
+
+    def load(self, key: tuple, weights: dict | None = None, overlay: dict | None = None):
+        """The working model of `key` holding `weights` (None: the initial weights), with the
+        named entries of `overlay` copied over them."""
+        weights = self.templates[key] if weights is None else weights
+        model, loaded = self.models[key], self.loaded[key]
+        if loaded is None or loaded[0] is not weights or loaded[1] is not overlay:
+            model.load_state_dict(weights, strict=True)
+            if overlay is not None:
+                load_tensors(model, overlay)
+            self.loaded[key] = (weights, overlay)
+        return model
+
+    def touched(self, key: tuple) -> None:
+        """A step changed the model: its weights no longer equal what was loaded."""
+        self.loaded[key] = None
+
+    def weights(self, key: tuple, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Fresh copies of `model`'s state, the template's own tensors where equal (the
+        template itself when all are: a client still at its initial weights costs nothing)."""
+        template, out = self.templates[key], {}
+        for name, value in model.state_dict().items():
+            same = name in template and torch.equal(value, template[name])
+            out[name] = template[name] if same else value.detach().clone()
+        if out.keys() == template.keys() and all(out[k] is template[k] for k in out):
+            return template
+        return out

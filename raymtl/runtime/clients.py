@@ -1,0 +1,130 @@
+"""A host's clients: data built on first use, state kept as tensors, a few working models.
+
+Nothing is built for a client before it first takes part (a step or an evaluation): starting
+10,000 clients costs their shards' indices only. Then:
+- its data is materialised once and cached (`data`);
+- what the algorithm keeps between rounds (`Algorithm.keeps`) lives in `ClientStates` as
+  tensors, resident up to the host's share of runtime.memory_budget, spilled beyond it;
+- each step runs on the working model of the client's architecture (`WorkingModels`), loaded
+  with the client's weights before the step and read back after it.
+The algorithm still sees `State(model, data, extras)` in every step: which model object it
+is, and where the weights were between rounds, is the host's business.
+
+An algorithm that keeps no model (FedAvg) gets the working model at the architecture's
+initial weights and loads what its inbox brings; it is evaluated with the model the round's
+`evaluation_only` message gave it (`evaluation`), copied into the working model once for all
+clients that share it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from raymtl.algorithms.base import State
+from raymtl.runtime.client_state import ClientStates, WorkingModels
+
+
+class HostedClients:
+    """The clients of one host: lazy data, kept state, working models, evaluation models."""
+
+    def __init__(self, keeps, init_state, make_data, model_name, budget, spill_root=None):
+        self.keeps = tuple(keeps)  # what the algorithm keeps of a client between rounds
+        self.init_state = init_state  # (participant, data) -> the algorithm's initial State
+        self.make_data = make_data  # participant -> ClientData (materialised from its shard)
+        self.model_name = model_name  # participant -> the model it trains
+        self.data: dict[str, object] = {}
+        self.store = ClientStates(budget, spill_root)
+        self.working = WorkingModels()
+        self.evaluation: dict[str, dict[str, torch.Tensor]] = {}  # the model to evaluate with
+
+    def client_data(self, participant: str):
+        if participant not in self.data:
+            self.data[participant] = self.make_data(participant)
+        return self.data[participant]
+
+    def key(self, participant: str) -> tuple:
+        """Clients of one key share a working model (same architecture and head)."""
+        return (self.model_name(participant), self.client_data(participant).num_classes)
+
+    def checkout(self, participant: str, overlay: dict | None = None) -> State:
+        """The client's state for a step (or, with `overlay` loaded over it, an evaluation)."""
+        data, key = self.client_data(participant), self.key(participant)
+        if key not in self.working.models or (self.keeps and participant not in self.store):
+            self.start(participant, data, key)
+        blob = self.store.get(participant) if self.keeps else None
+        weights = blob["model"] if blob and blob["model"] is not None else None
+        model = self.working.load(key, weights, overlay)
+        extras = blob["extras"] if blob else {}
+        return State(model=model, data=data, extras=extras)
+
+    def start(self, participant: str, data, key: tuple) -> None:
+        """First time the client takes part: the algorithm's init_state, kept as tensors."""
+        state = self.init_state(participant, data)
+        self.working.adopt(key, state.model)
+        if self.keeps:
+            self.store.shared.update(id(t) for t in self.working.templates[key].values())
+            self.store.put(participant, self.blob(key, state))
+
+    def checkin(self, participant: str, state: State) -> None:
+        """After a step: keep what the algorithm keeps, as tensors; the model goes back."""
+        key = self.key(participant)
+        self.working.touched(key)
+        self.store.put(participant, self.blob(key, state) if self.keeps else None)
+
+    def blob(self, key: tuple, state: State) -> dict:
+        model = None
+        if "model" in self.keeps and state.model is not None:
+            model = self.working.weights(key, state.model)
+        return {"model": model, "extras": state.extras if "extras" in self.keeps else {}}
+
+    def hold_for_evaluation(self, payloads: dict[str, dict]) -> None:
+        """The round's evaluation_only messages: the model each client is evaluated with."""
+        self.evaluation.update(payloads)
+
+    def evaluation_state(self, participant: str) -> State:
+        return self.checkout(participant, overlay=self.evaluation.get(participant))
+
+    # -- checkpoints: each started client's blob, as torch.save would write a State
+    def saved_blobs(self):
+        for participant in list(self.store.resident) + list(self.store.spilled):
+            yield participant, self.store.get(participant)
+
+    def restore(self, participant: str, blob: dict) -> None:
+        """A checkpointed client (files written before clients were kept as tensors hold a
+        whole state_dict: it is taken as the model's weights)."""
+        model = blob.get("model") if "model" in self.keeps else None
+        extras = (blob.get("extras") or {}) if "extras" in self.keeps else {}
+        key = self.key(participant)
+        if key not in self.working.models:
+            self.start(participant, self.client_data(participant), key)
+        self.store.put(participant, {"model": model, "extras": extras} if self.keeps else None)
+
+    def report(self) -> dict:
+        return self.store.report() | {"working_models": len(self.working.models)}
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def cached_factory(build, seed_rng):
+    """`build(name, num_classes)` once per architecture, then copies of it.
+
+    The copy leaves the random generator as the build left it, so whatever an algorithm's
+    init_state draws next (FedMuscle's projection) is what it would have drawn anyway.
+    """
+    built: dict[tuple, tuple] = {}
+
+    def factory(name: str, num_classes: int):
+        key = (name, num_classes)
+        if key not in built:
+            seed_rng()
+            model = build(name, num_classes)
+            built[key] = (copy.deepcopy(model), torch.get_rng_state())
+            return model
+        model, rng_state = built[key]
+        torch.set_rng_state(rng_state)
+        return copy.deepcopy(model)
+
+    return factory

@@ -1,0 +1,73 @@
+"""A host's data: the decoded pools, each client's tensors, the public set.
+
+Under Ray the driver puts every pool in the object store once per run (`share_pools`): the
+actors of a node map that one copy (numpy arrays, zero-copy) instead of each reading and
+decoding the dataset again. In process the pools come from `load_pool`'s per-process cache.
+A client's float tensors are still built (`materialize`) by its own host, on first use.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from raymtl.data.sources import Pool
+
+
+def pool_to_shared(pool: Pool) -> dict:
+    """A Pool as numpy arrays plus metadata: what goes into Ray's object store."""
+    return {"x": pool.x.numpy(), "y": pool.y.numpy(),
+            "meta": replace(pool, x=torch.empty(0), y=torch.empty(0))}  # fmt: skip
+
+
+def pool_from_shared(shared: dict) -> Pool:
+    """The Pool back, its arrays read straight from the object store (no copy)."""
+    with warnings.catch_warnings():  # read-only shared memory: samples are only indexed
+        warnings.simplefilter("ignore", UserWarning)
+        x, y = torch.from_numpy(shared["x"]), torch.from_numpy(np.asarray(shared["y"]))
+    return replace(shared["meta"], x=x, y=y)
+
+
+class HostData:
+    """Builds a hosted client's data from its shard, and the public set once per host."""
+
+    def __init__(self, config, spec, uses_public: bool, pool_of):
+        self.config, self.spec, self.uses_public = config, spec, uses_public
+        self.pool_of = pool_of  # source name -> Pool (object store, or the process cache)
+        self._public: torch.Tensor | None = None
+
+    def load(self, source: str) -> Pool:
+        from raymtl.data import load_pool
+
+        data_cfg = self.config.data
+        params = data_cfg.params if source == data_cfg.name else {}
+        return load_pool(source, data_cfg.root, data_cfg.download, self.spec.seed, **params)
+
+    def client(self, participant: str):
+        from raymtl.data import materialize
+
+        shard, federation = self.spec.shards[participant], self.spec.federation
+        pool = self.pool_of(shard.source or self.config.data.name)
+        task = federation.task_specs[shard.task] if federation.task_specs else None
+        data = materialize(pool, shard, self.spec.seed, task, federation.input_shape)
+        if self.uses_public:  # one decoded copy per host, shared by its clients
+            data.public_x = self.public_samples()
+        if self.spec.device != "cpu":
+            for name in ("train_x", "train_y", "test_x", "test_y"):
+                setattr(data, name, getattr(data, name).to(self.spec.device))
+        return data
+
+    def public_samples(self) -> torch.Tensor:
+        """The public set's images as float tensors of the federation's input shape."""
+        if self._public is None:
+            from raymtl.data.client_data import decode_images
+
+            public = self.spec.public
+            images = decode_images(
+                self.pool_of(public.source), public.indices, self.spec.federation.input_shape
+            )
+            self._public = images.to(self.spec.device)
+        return self._public
