@@ -105,6 +105,12 @@ class RuntimeConfig(Section):
         description="bytes (or '16GB', '512MiB') clients' state may take; null = what "
         "the cluster reports",
     )
+    batch_clients: int = Field(
+        1,
+        ge=1,
+        description="train up to this many sampled clients of one architecture together "
+        "(torch.func vmap; aimed at GPUs); 1 = one after the other",
+    )
     spill_dir: str | None = Field(
         None,
         description="local disk for clients' kept state beyond memory_budget; null = the "

@@ -26,6 +26,7 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
+from raymtl.algorithms.batched import can_batch, local_sgd_batched
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
@@ -44,6 +45,22 @@ def train_local_model(state: State, ctx, params) -> float:
     loss = local_sgd(state.model, data.train_x, data.train_y, params, seed, task=task)
     state.extras["train_loss"] = loss
     return loss
+
+
+def train_local_models(states: list[State], contexts, params) -> None:
+    """`train_local_model` for several clients: together (torch.func vmap, batched.py) when
+    their architecture, sample count and optimiser allow it, else one after the other."""
+    datas = [state.data for state in states]
+    models, tasks = [s.model for s in states], [getattr(d, "task", None) for d in datas]
+    if len(states) < 2 or not can_batch(models, datas, params, tasks):
+        for state, ctx in zip(states, contexts, strict=True):
+            train_local_model(state, ctx, params)
+        return
+    seeds = [derive_seed(ctx.seed, ctx.round, ctx.me, "train") for ctx in contexts]
+    xs, ys = [d.train_x for d in datas], [d.train_y for d in datas]
+    for state, loss in zip(states, local_sgd_batched(models, xs, ys, params, seeds, tasks),
+                           strict=True):  # fmt: skip
+        state.extras["train_loss"] = loss
 
 
 def start_from_global(state: State, inbox: list[Message]) -> None:
@@ -86,6 +103,14 @@ class FedAvg(Algorithm):
         train_local_model(state, ctx, self.params)
         return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
 
+    def train_batch(self, states, inboxes, contexts):
+        """`train` for clients trained together (runtime.batch_clients): the same maths."""
+        for state, inbox in zip(states, inboxes, strict=True):
+            start_from_global(state, inbox)
+        train_local_models(states, contexts, self.params)
+        return [(s, [Message(c.me, SERVER, "model", model_tensors(s.model))])
+                for s, c in zip(states, contexts, strict=True)]  # fmt: skip
+
     def aggregate(self, state, inbox, ctx):
         samples = ctx.federation.samples
         updates = [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
@@ -115,3 +140,7 @@ class Local(Algorithm):
     def train(self, state, inbox, ctx):
         train_local_model(state, ctx, self.params)
         return state, []
+
+    def train_batch(self, states, inboxes, contexts):
+        train_local_models(states, contexts, self.params)
+        return [(state, []) for state in states]

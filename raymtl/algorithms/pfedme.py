@@ -116,6 +116,10 @@ class PFedMe(FedAvg):
         state.extras["personal"] = model_tensors(personal)
         return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
 
+    def train_batch(self, states, inboxes, contexts):
+        """No batched path for pFedMe's two-model update: one client after the other."""
+        return [self.train(*step) for step in zip(states, inboxes, contexts, strict=True)]
+
     def merge(self, model, average) -> None:
         """w ← (1−β)·w_prev + β·Σ_k (n_k/n)·w_k."""
         beta, previous = self.params.beta, model_tensors(model)

@@ -8,7 +8,10 @@ first round, `check_shared` proves the driver and every host see each other's fi
 
 from __future__ import annotations
 
+import io
 import json
+
+import torch
 
 from raymtl.config import ConfigError
 from raymtl.runtime.storage import Location
@@ -87,3 +90,24 @@ def verify_checkpoint(directory: Location, hosts: dict[str, tuple[str, ...]]) ->
             f"output.dir: {len(missing)} checkpoint files (e.g. {missing[0]}'s) were written by "
             "their hosts but are not visible to the driver: use storage every node shares"
         )
+
+
+def write_blob(location: Location, blob: dict) -> None:
+    """torch.save a participant's state to a file or a URI."""
+    buffer = io.BytesIO()
+    torch.save(blob, buffer)
+    location.write_bytes(buffer.getvalue())
+
+
+def read_blob(location: Location, device: str, node: str) -> dict:
+    """A participant's saved state; a missing file is an error, never a fresh start."""
+    if not location.is_file():
+        raise FileNotFoundError(
+            f"output.dir: checkpoint file {location} is not visible on node {node} "
+            "(output.dir must be storage every node shares)"
+        )
+    return torch.load(
+        io.BytesIO(location.read_bytes()),
+        map_location=device,
+        weights_only=True,  # tensors and plain data only: a file cannot run code
+    )

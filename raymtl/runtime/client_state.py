@@ -15,6 +15,7 @@ architecture's initial ones points at those (`template`), and costs nothing.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 import uuid
@@ -147,21 +148,29 @@ class WorkingModels:
             self.templates[key] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             self.loaded[key] = (self.templates[key], None)
 
-    def load(self, key: tuple, weights: dict | None = None, overlay: dict | None = None):
+    def load(self, key: tuple, weights=None, overlay=None, slot: int = 0) -> nn.Module:
         """The working model of `key` holding `weights` (None: the initial weights), with the
-        named entries of `overlay` copied over them."""
+        named entries of `overlay` copied over them. Slots > 0 are more models of the key,
+        for clients trained together (runtime.batch_clients)."""
         weights = self.templates[key] if weights is None else weights
-        model, loaded = self.models[key], self.loaded[key]
+        name = key if slot == 0 else (key, slot)
+        if name not in self.models:  # another slot: a copy of the key's model
+            self.models[name] = copy.deepcopy(self.models[key])
+            self.loaded[name] = None
+        model, loaded = self.models[name], self.loaded[name]
         if loaded is None or loaded[0] is not weights or loaded[1] is not overlay:
             model.load_state_dict(weights, strict=True)
             if overlay is not None:
                 load_tensors(model, overlay)
-            self.loaded[key] = (weights, overlay)
+            self.loaded[name] = (weights, overlay)
         return model
 
-    def touched(self, key: tuple) -> None:
+    def touched(self, key: tuple, slot: int = 0) -> None:
         """A step changed the model: its weights no longer equal what was loaded."""
-        self.loaded[key] = None
+        self.loaded[key if slot == 0 else (key, slot)] = None
+
+    def architectures(self) -> int:
+        return len(self.templates)
 
     def weights(self, key: tuple, model: nn.Module) -> dict[str, torch.Tensor]:
         """Fresh copies of `model`'s state, the template's own tensors where equal (the

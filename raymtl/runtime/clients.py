@@ -48,14 +48,14 @@ class HostedClients:
         """Clients of one key share a working model (same architecture and head)."""
         return (self.model_name(participant), self.client_data(participant).num_classes)
 
-    def checkout(self, participant: str, overlay: dict | None = None) -> State:
+    def checkout(self, participant: str, overlay: dict | None = None, slot: int = 0) -> State:
         """The client's state for a step (or, with `overlay` loaded over it, an evaluation)."""
         data, key = self.client_data(participant), self.key(participant)
         if key not in self.working.models or (self.keeps and participant not in self.store):
             self.start(participant, data, key)
         blob = self.store.get(participant) if self.keeps else None
         weights = blob["model"] if blob and blob["model"] is not None else None
-        model = self.working.load(key, weights, overlay)
+        model = self.working.load(key, weights, overlay, slot)
         extras = blob["extras"] if blob else {}
         return State(model=model, data=data, extras=extras)
 
@@ -67,10 +67,10 @@ class HostedClients:
             self.store.shared.update(id(t) for t in self.working.templates[key].values())
             self.store.put(participant, self.blob(key, state))
 
-    def checkin(self, participant: str, state: State) -> None:
+    def checkin(self, participant: str, state: State, slot: int = 0) -> None:
         """After a step: keep what the algorithm keeps, as tensors; the model goes back."""
         key = self.key(participant)
-        self.working.touched(key)
+        self.working.touched(key, slot)
         self.store.put(participant, self.blob(key, state) if self.keeps else None)
 
     def blob(self, key: tuple, state: State) -> dict:
@@ -102,7 +102,7 @@ class HostedClients:
         self.store.put(participant, {"model": model, "extras": extras} if self.keeps else None)
 
     def report(self) -> dict:
-        return self.store.report() | {"working_models": len(self.working.models)}
+        return self.store.report() | {"working_models": self.working.architectures()}
 
     def close(self) -> None:
         self.store.close()

@@ -222,34 +222,6 @@ class RayExecutor(Executor):
     def peer_mixing(self, kind, num_nodes, seed, params):
         return self._ray.get(self.graph.peer_mixing.remote(kind, num_nodes, seed, params))
 
-    def hold_for_evaluation(self, envelopes: list[Envelope]) -> None:
-        """Hand each client host the evaluation copies for its clients: every distinct
-        payload once per host, however many of its clients share it."""
-        calls = {}
-        for name, participants in self.members.items():
-            members = set(participants)
-            mine = [e for e in envelopes if e.dst in members]
-            if not mine:
-                continue
-            distinct: dict[int, int] = {}
-            payloads = []
-            for envelope in mine:
-                if id(envelope.payload) not in distinct:
-                    distinct[id(envelope.payload)] = len(payloads)
-                    payloads.append(envelope.payload)
-            calls[name] = (payloads, {e.dst: distinct[id(e.payload)] for e in mine})
-        self._call("hold_for_evaluation", calls)
-
-    def state_report(self) -> dict[str, int]:
-        """Clients' kept state over every client host: bytes resident and spilled."""
-        calls = {name: () for name, members in self.members.items()
-                 if role_of(members[0]) == "client"}  # fmt: skip
-        total: dict[str, int] = {}
-        for report in self._call("state_report", calls).values():
-            for key, value in report.items():
-                total[key] = total.get(key, 0) + value
-        return total
-
     def share_pools(self, pools: dict) -> dict:
         """Each pool into the object store once: the actors of a node map one copy."""
         from raymtl.runtime.host_data import pool_to_shared

@@ -38,3 +38,23 @@ def dropped_rows(seed, round_index, executor, router) -> list[dict]:
                      "error": drop["error"]})  # fmt: skip
         log.warning("seed %d round %d: host %s lost; %s", seed, round_index, drop["host"], action)
     return rows
+
+
+class AlgorithmWarnings(logging.Handler):
+    """Collects the warnings algorithm code logs during a step (a rejected non-finite update):
+    they become rows of warnings.parquet and lines on the driver's console, not lines lost in
+    a worker's log."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self):
+        logging.getLogger("raymtl.algorithms").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("raymtl.algorithms").removeHandler(self)

@@ -9,7 +9,6 @@ give identical results.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 from dataclasses import dataclass
@@ -30,8 +29,16 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import derive_seed, evaluate
 from raymtl.config import ExperimentConfig
 from raymtl.models.registry import num_params
-from raymtl.runtime.checkpoints import checkpoint_dir, checkpoint_file, index_file, saved_clients
+from raymtl.runtime.checkpoints import (
+    checkpoint_dir,
+    checkpoint_file,
+    index_file,
+    read_blob,
+    saved_clients,
+    write_blob,
+)
 from raymtl.runtime.clients import HostedClients, cached_factory
+from raymtl.runtime.faults import AlgorithmWarnings
 from raymtl.runtime.host_data import HostData
 from raymtl.runtime.router import Envelope
 from raymtl.runtime.storage import Location
@@ -56,26 +63,6 @@ class HostSpec:
     resume_round: int = 0
     public: object = None  # data.domains.PublicShard, decoded only if the algorithm uses it
     pools: dict | None = None  # source -> the decoded pool in Ray's object store (a ref)
-
-
-class AlgorithmWarnings(logging.Handler):
-    """Collects the warnings algorithm code logs during a step (a rejected non-finite update):
-    they become rows of warnings.parquet and lines on the driver's console, not lines lost in
-    a worker's log."""
-
-    def __init__(self):
-        super().__init__(level=logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-    def __enter__(self):
-        logging.getLogger("raymtl.algorithms").addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        logging.getLogger("raymtl.algorithms").removeHandler(self)
 
 
 class ParticipantHost:
@@ -169,43 +156,78 @@ class ParticipantHost:
         step = getattr(self.algorithm, phase.step)
         outgoing: list[Envelope] = []
         records: list[tuple[str, dict]] = []
-        for participant, envelopes in inboxes.items():
-            payloads = self.get([e.payload for e in envelopes])
-            inbox = [
-                AlgorithmMessage(e.src, e.dst, e.kind, tensors)
-                for e, tensors in zip(envelopes, payloads, strict=True)
-            ]
-            # A payload forwarded unchanged, or sent to several peers, is stored once.
-            stored = {id(m.tensors): e.payload for m, e in zip(inbox, envelopes, strict=True)}
-            ctx = StepContext(
-                me=participant,
-                round=round_index,
-                rounds=self.config.rounds,
-                seed=self.spec.seed,
-                sampled=sampled,
-                federation=self.spec.federation,
-            )
-            client = role_of(participant) == "client"
-            state = self.clients.checkout(participant) if client else self.states[participant]
-            with AlgorithmWarnings() as warned, self.precision(participant):
-                state, outbox = step(state, inbox, ctx)
-            ctx.records.extend(
-                ("warnings", {"participant": participant, "step": phase.step, "message": text})
-                for text in warned.messages
-            )
-            if client:
-                self.clients.checkin(participant, state)
-            else:
-                self.states[participant] = state
-            for message in outbox:
-                if id(message.tensors) not in stored:
-                    stored[id(message.tensors)] = self.put(message.tensors)
-                bits = payload_bits(message.tensors)
-                payload = stored[id(message.tensors)]
-                outgoing.append(Envelope(message.src, message.dst, message.kind, bits, payload,
-                                         message.evaluation_only))  # fmt: skip
-            records += ctx.records
+        for batch in self._batches(phase, inboxes):
+            inputs = [self._inputs(p, inboxes[p], round_index, sampled) for p in batch]
+            states = [self._checkout(p, slot) for slot, p in enumerate(batch)]
+            inbox_list, contexts = [i for i, _, _ in inputs], [c for _, _, c in inputs]
+            with AlgorithmWarnings() as warned, self.precision(batch[0]):
+                if len(batch) == 1:
+                    results = [step(states[0], inbox_list[0], contexts[0])]
+                else:  # clients trained together (runtime.batch_clients)
+                    results = self.algorithm.train_batch(states, inbox_list, contexts)
+            who = "+".join(batch)
+            records += [("warnings", {"participant": who, "step": phase.step, "message": text})
+                        for text in warned.messages]  # fmt: skip
+            for slot, (participant, (_, stored, ctx), (state, outbox)) in enumerate(
+                zip(batch, inputs, results, strict=True)
+            ):
+                self._checkin(participant, state, slot)
+                outgoing += self._envelopes(outbox, stored)
+                records += ctx.records
         return outgoing, records
+
+    def _batches(self, phase: Phase, inboxes: dict) -> list[list[str]]:
+        """Participants one by one; with runtime.batch_clients > 1, a client "train" phase of
+        an algorithm that has `train_batch` goes in groups of one architecture."""
+        size = self.config.runtime.batch_clients
+        batched = phase.role == "client" and phase.step == "train"
+        if size == 1 or not batched or not hasattr(self.algorithm, "train_batch"):
+            return [[participant] for participant in inboxes]
+        by_key: dict[tuple, list[str]] = {}
+        for participant in inboxes:
+            by_key.setdefault(self.clients.key(participant), []).append(participant)
+        return [group[k : k + size] for group in by_key.values()
+                for k in range(0, len(group), size)]  # fmt: skip
+
+    def _inputs(self, participant: str, envelopes: list[Envelope], round_index, sampled):
+        """A step's inbox, the stored payloads by tensors' identity, and its context."""
+        payloads = self.get([e.payload for e in envelopes])
+        inbox = [
+            AlgorithmMessage(e.src, e.dst, e.kind, tensors)
+            for e, tensors in zip(envelopes, payloads, strict=True)
+        ]
+        # A payload forwarded unchanged, or sent to several peers, is stored once.
+        stored = {id(m.tensors): e.payload for m, e in zip(inbox, envelopes, strict=True)}
+        ctx = StepContext(
+            me=participant,
+            round=round_index,
+            rounds=self.config.rounds,
+            seed=self.spec.seed,
+            sampled=sampled,
+            federation=self.spec.federation,
+        )
+        return inbox, stored, ctx
+
+    def _checkout(self, participant: str, slot: int) -> State:
+        if role_of(participant) == "client":
+            return self.clients.checkout(participant, slot=slot)
+        return self.states[participant]
+
+    def _checkin(self, participant: str, state: State, slot: int) -> None:
+        if role_of(participant) == "client":
+            self.clients.checkin(participant, state, slot)
+        else:
+            self.states[participant] = state
+
+    def _envelopes(self, outbox, stored: dict) -> list[Envelope]:
+        envelopes = []
+        for message in outbox:
+            if id(message.tensors) not in stored:
+                stored[id(message.tensors)] = self.put(message.tensors)
+            payload, bits = stored[id(message.tensors)], payload_bits(message.tensors)
+            envelopes.append(Envelope(message.src, message.dst, message.kind, bits, payload,
+                                      message.evaluation_only))  # fmt: skip
+        return envelopes
 
     def hold_for_evaluation(self, payloads: list, owners: dict[str, int]) -> bool:
         """The round's evaluation_only messages: `owners[client]` indexes the distinct
@@ -294,17 +316,7 @@ class ParticipantHost:
                 self.clients.restore(participant, self._read(folder, participant))
 
     def _read(self, folder: Location, participant: str) -> dict:
-        location = checkpoint_file(folder, participant)
-        if not location.is_file():  # never silently start from the initial model
-            raise FileNotFoundError(
-                f"output.dir: checkpoint file {location} is not visible on node "
-                f"{self.node()} (output.dir must be storage every node shares)"
-            )
-        return torch.load(
-            io.BytesIO(location.read_bytes()),
-            map_location=self.spec.device,
-            weights_only=True,  # tensors and plain data only: a file cannot run code
-        )
+        return read_blob(checkpoint_file(folder, participant), self.spec.device, self.node())
 
     def close(self) -> bool:
         """Remove this host's spilled client state (local disk)."""
@@ -330,9 +342,3 @@ class ParticipantHost:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def write_blob(location: Location, blob: dict) -> None:
-    buffer = io.BytesIO()
-    torch.save(blob, buffer)
-    location.write_bytes(buffer.getvalue())

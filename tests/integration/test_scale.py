@@ -80,3 +80,25 @@ def test_fedu_beyond_the_budget_spills_and_gives_the_same_results(tmp_path):
         pd.read_parquet(spilled / "clients.parquet").drop(columns=["wall_time"], errors="ignore"),
     )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("raymtl-spill-")]
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "local"])
+def test_clients_trained_together_equal_clients_trained_one_after_the_other(tmp_path, algorithm):
+    """runtime.batch_clients: the same per-client results, to float tolerance (mlp: no
+    dropout, every client the same sample count so batches line up)."""
+    settings = {
+        "algorithm.name": algorithm,
+        "model.name": "mlp",
+        "data.partition": {"kind": "iid", "max_samples_per_client": 40},
+        "algorithm.params": {"epochs": 2, "lr": 0.1, "momentum": 0.5, "batch_size": 8},
+    }
+    runs = {}
+    for batch in (1, 3):
+        cfg = parse_config(digits_experiment(tmp_path, **settings,
+                                             **{"runtime.batch_clients": batch}))  # fmt: skip
+        runs[batch] = pd.read_parquet(
+            run_experiment(cfg, tmp_path / f"b{batch}") / "clients.parquet"
+        )
+    columns = ["round", "client", "loss", "accuracy"]
+    pd.testing.assert_frame_equal(runs[1][columns], runs[3][columns], rtol=1e-4, atol=1e-5)
+    assert runs[1]["loss"].nunique() > 1  # the clients differ: a real per-client comparison
