@@ -106,6 +106,7 @@ def run_one(algorithm: str, clients: int, args) -> dict:
         Driver(cfg, run_dir, lambda: RayExecutor(cfg.runtime)).run()
         total = time.perf_counter() - began
         rounds = pd.read_parquet(run_dir / "rounds.parquet")
+        phases = pd.read_parquet(run_dir / "phases.parquet")
     monitor.done.set()
     monitor.join()
     walls = rounds["wall_time"].tolist()
@@ -125,6 +126,10 @@ def run_one(algorithm: str, clients: int, args) -> dict:
         "resident_mib": float(last["state_resident_bytes"]) / 2**20,
         "spilled_mib": float(last["state_spilled_bytes"]) / 2**20,
         "accuracy": float(last["mean_accuracy"]),
+        "phase_s": {
+            f"{role}.{step}": round(float(seconds) / len(walls), 2)
+            for (role, step), seconds in phases.groupby(["role", "step"])["seconds"].sum().items()
+        },
     }
 
 

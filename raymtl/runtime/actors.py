@@ -7,9 +7,22 @@ receiving one, so tensors move actor to actor and never through the driver.
 
 from __future__ import annotations
 
+import numpy as np
 import ray
+import torch
 
 from raymtl.runtime.host import ParticipantHost
+
+
+def as_array(tensor: torch.Tensor):
+    """A message tensor as a numpy array (bfloat16, which numpy lacks, stays a tensor)."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.detach().cpu()
+    return tensor.detach().cpu().numpy()
+
+
+def as_tensor(value) -> torch.Tensor:
+    return torch.from_numpy(np.array(value)) if isinstance(value, np.ndarray) else value
 
 
 class ObjectStoreHost(ParticipantHost):
@@ -20,10 +33,14 @@ class ObjectStoreHost(ParticipantHost):
         super().__init__(spec)
 
     def put(self, tensors):
-        return ray.put(tensors)  # serialised once; receivers read it zero-copy
+        # As numpy arrays: Ray writes them straight into the object store (a 6.6 MB model in
+        # ~2 ms, against ~20 ms for torch tensors, which are pickled first).
+        return ray.put({name: as_array(t) for name, t in tensors.items()})
 
     def get(self, payloads):
-        return ray.get(payloads) if payloads else []
+        # A writable copy of each array: a step may never write into the object store.
+        return [{name: as_tensor(a) for name, a in payload.items()}
+                for payload in (ray.get(payloads) if payloads else [])]  # fmt: skip
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()

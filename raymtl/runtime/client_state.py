@@ -73,6 +73,12 @@ class ClientStates:
         self._keep(participant, blob)
         return blob
 
+    def peek(self, participant: str) -> dict:
+        """The client's blob without making it resident (a checkpoint reads every client)."""
+        if participant in self.resident:
+            return self.resident[participant]
+        return torch.load(self.spilled[participant], weights_only=True)
+
     def put(self, participant: str, blob: dict | None) -> None:
         """Store (or, with None, forget) the client's blob; spill others while over budget."""
         self.forget(participant)
@@ -164,6 +170,16 @@ class WorkingModels:
                 load_tensors(model, overlay)
             self.loaded[name] = (weights, overlay)
         return model
+
+    def share(self, key: tuple, weights: dict) -> dict:
+        """`weights` with the template's own tensors where they are equal (read back from a
+        checkpoint: clients still at their initial weights cost nothing again)."""
+        template = self.templates[key]
+        shared = {name: template[name] if name in template and torch.equal(value, template[name])
+                  else value for name, value in weights.items()}  # fmt: skip
+        if shared.keys() == template.keys() and all(shared[k] is template[k] for k in shared):
+            return template
+        return shared
 
     def touched(self, key: tuple, slot: int = 0) -> None:
         """A step changed the model: its weights no longer equal what was loaded."""

@@ -86,19 +86,28 @@ class HostedClients:
     def evaluation_state(self, participant: str) -> State:
         return self.checkout(participant, overlay=self.evaluation.get(participant))
 
-    # -- checkpoints: each started client's blob, as torch.save would write a State
+    # -- checkpoints: each started client's blob; a model still at the initial weights is
+    # saved as a flag, not as a copy of them
     def saved_blobs(self):
+        templates = {id(t) for t in self.working.templates.values()}
         for participant in list(self.store.resident) + list(self.store.spilled):
-            yield participant, self.store.get(participant)
+            blob = self.store.peek(participant)
+            if id(blob["model"]) in templates:
+                blob = {"model": None, "extras": blob["extras"], "initial_model": True}
+            yield participant, blob
 
     def restore(self, participant: str, blob: dict) -> None:
         """A checkpointed client (files written before clients were kept as tensors hold a
         whole state_dict: it is taken as the model's weights)."""
-        model = blob.get("model") if "model" in self.keeps else None
-        extras = (blob.get("extras") or {}) if "extras" in self.keeps else {}
         key = self.key(participant)
         if key not in self.working.models:
             self.start(participant, self.client_data(participant), key)
+        model = blob.get("model") if "model" in self.keeps else None
+        if "model" in self.keeps and blob.get("initial_model"):
+            model = self.working.templates[key]
+        elif model is not None:
+            model = self.working.share(key, model)
+        extras = (blob.get("extras") or {}) if "extras" in self.keeps else {}
         self.store.put(participant, {"model": model, "extras": extras} if self.keeps else None)
 
     def report(self) -> dict:
@@ -128,3 +137,14 @@ def cached_factory(build, seed_rng):
         return copy.deepcopy(model)
 
     return factory
+
+
+def state_budget(config, spec) -> float:
+    """A host's share of runtime.memory_budget for its clients' kept state (by clients)."""
+    from raymtl.runtime.memory import parse_bytes
+
+    budget = config.runtime.memory_budget
+    mine = sum(p.startswith("client/") for p in spec.participants)
+    if budget is None or not mine:
+        return float("inf")
+    return parse_bytes(budget) * mine / spec.federation.num_clients

@@ -20,13 +20,12 @@ from raymtl.algorithms.base import (
     Phase,
     State,
     StepContext,
-    index_of,
     payload_bits,
     role_of,
 )
 from raymtl.algorithms.base import Message as AlgorithmMessage
 from raymtl.algorithms.registry import get_algorithm
-from raymtl.algorithms.training import derive_seed, evaluate
+from raymtl.algorithms.training import evaluate
 from raymtl.config import ExperimentConfig
 from raymtl.models.registry import num_params
 from raymtl.runtime.checkpoints import (
@@ -37,9 +36,9 @@ from raymtl.runtime.checkpoints import (
     saved_clients,
     write_blob,
 )
-from raymtl.runtime.clients import HostedClients, cached_factory
+from raymtl.runtime.clients import HostedClients, state_budget
 from raymtl.runtime.faults import AlgorithmWarnings
-from raymtl.runtime.host_data import HostData
+from raymtl.runtime.host_data import HostData, HostModels
 from raymtl.runtime.router import Envelope
 from raymtl.runtime.storage import Location
 
@@ -73,13 +72,12 @@ class ParticipantHost:
         self.spec = spec
         self.config = ExperimentConfig.model_validate(spec.config)
         algorithm_cls = get_algorithm(self.config.algorithm.name)
-        self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self._build_model)
-        self._factory = cached_factory(self._new_model, self._seed_init)
+        self.models = HostModels(self.config, spec)
+        self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self.models.build)
         self.data = HostData(self.config, spec, self.algorithm.uses_public, self.pool)
-        self._building: str | None = None
         # Clients are built on first use (clients.py); other roles are few and kept whole.
         self.clients = HostedClients(self.algorithm.keeps, self._init_client, self.data.client,
-                                     self.model_name, self._state_budget(),
+                                     self.model_name, state_budget(self.config, spec),
                                      self.config.runtime.spill_dir)  # fmt: skip
         self.states: dict[str, State] = {
             p: self.algorithm.init_state(p, None, spec.federation)
@@ -90,16 +88,6 @@ class ParticipantHost:
             root = Location.of(spec.checkpoint_root)
             self.load(checkpoint_dir(root, spec.resume_round).uri)
 
-    def _state_budget(self) -> float:
-        """This host's share of runtime.memory_budget for its clients' kept state."""
-        from raymtl.runtime.memory import parse_bytes
-
-        budget = self.config.runtime.memory_budget
-        mine = sum(role_of(p) == "client" for p in self.spec.participants)
-        if budget is None or not mine:
-            return float("inf")
-        return parse_bytes(budget) * mine / self.spec.federation.num_clients
-
     # -- payloads: in-process copies here, Ray's object store in actors.py
     def put(self, tensors: dict[str, torch.Tensor]):
         return {name: t.detach().clone() for name, t in tensors.items()}
@@ -108,35 +96,11 @@ class ParticipantHost:
         return payloads
 
     def model_name(self, participant: str | None) -> str:
-        """The model `participant` trains (clients may differ; other roles: model.name)."""
-        models = self.spec.federation.models
-        if participant is None or role_of(participant) != "client" or not models:
-            return self.config.model.name
-        return models[index_of(participant)]
-
-    def _build_model(self, num_classes: int):
-        # Same seed for every participant: all models of one architecture start from one init
-        # (built once per architecture, then copied: cached_factory).
-        return self._factory(self.model_name(self._building), num_classes)
+        return self.models.name_of(participant)
 
     def _init_client(self, participant: str, data) -> State:
-        self._building = participant  # a client's model is the one it was given
-        try:
+        with self.models.building(participant):  # a client's model is the one it was given
             return self.algorithm.init_state(participant, data, self.spec.federation)
-        finally:
-            self._building = None
-
-    def _seed_init(self) -> None:
-        torch.manual_seed(derive_seed(self.spec.seed, "model-init"))
-
-    def _new_model(self, name: str, num_classes: int):
-        from raymtl.models import build_model
-
-        params = self.config.model.params if name == self.config.model.name else {}
-        model = build_model(name, self.spec.federation.input_shape, num_classes, **params)
-        if self.config.runtime.precision == "bf16-mixed":  # bf16 convolutions run faster NHWC
-            model = model.to(memory_format=torch.channels_last)
-        return model.to(self.spec.device)
 
     def pool(self, source: str):
         """A source's decoded pool: the object store's copy under Ray (actors.py)."""

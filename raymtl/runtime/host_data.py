@@ -1,4 +1,5 @@
-"""A host's data: the decoded pools, each client's tensors, the public set.
+"""A host's data and models: the decoded pools, each client's tensors, the public set, and
+the models it builds.
 
 Under Ray the driver puts every pool in the object store once per run (`share_pools`): the
 actors of a node map that one copy (numpy arrays, zero-copy) instead of each reading and
@@ -8,6 +9,7 @@ A client's float tensors are still built (`materialize`) by its own host, on fir
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import replace
 
@@ -29,6 +31,51 @@ def pool_from_shared(shared: dict) -> Pool:
         warnings.simplefilter("ignore", UserWarning)
         x, y = torch.from_numpy(shared["x"]), torch.from_numpy(np.asarray(shared["y"]))
     return replace(shared["meta"], x=x, y=y)
+
+
+class HostModels:
+    """The models a host builds: each architecture once (seeded: every participant's model of
+    one architecture starts from one init), then copies (clients.cached_factory)."""
+
+    def __init__(self, config, spec):
+        from raymtl.runtime.clients import cached_factory
+
+        self.config, self.spec = config, spec
+        self.factory = cached_factory(self.new_model, self.seed_init)
+        self.current: str | None = None  # the participant whose init_state is running
+
+    def name_of(self, participant: str | None) -> str:
+        """The model `participant` trains (clients may differ; other roles: model.name)."""
+        models = self.spec.federation.models
+        if participant is None or not participant.startswith("client/") or not models:
+            return self.config.model.name
+        return models[int(participant.split("/")[1])]
+
+    @contextlib.contextmanager
+    def building(self, participant: str):
+        self.current = participant
+        try:
+            yield
+        finally:
+            self.current = None
+
+    def build(self, num_classes: int):
+        """The algorithm's model_factory: the model of the participant being set up."""
+        return self.factory(self.name_of(self.current), num_classes)
+
+    def seed_init(self) -> None:
+        from raymtl.algorithms.training import derive_seed
+
+        torch.manual_seed(derive_seed(self.spec.seed, "model-init"))
+
+    def new_model(self, name: str, num_classes: int):
+        from raymtl.models import build_model
+
+        params = self.config.model.params if name == self.config.model.name else {}
+        model = build_model(name, self.spec.federation.input_shape, num_classes, **params)
+        if self.config.runtime.precision == "bf16-mixed":  # bf16 convolutions run faster NHWC
+            model = model.to(memory_format=torch.channels_last)
+        return model.to(self.spec.device)
 
 
 class HostData:

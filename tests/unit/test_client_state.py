@@ -75,3 +75,25 @@ def test_one_working_model_serves_every_client_and_copies_a_shared_model_in_once
     assert len(copies) == 2
     working.load(("linear", 2))  # None: the initial weights
     assert not torch.equal(model.weight, torch.ones(2, 2))
+
+
+def test_a_checkpoint_reads_spilled_blobs_without_making_them_resident(tmp_path):
+    store = ClientStates(budget=tensor_bytes(blob(0)), spill_root=str(tmp_path))
+    for i in range(3):
+        store.put(f"client/{i}", blob(i))
+    assert list(store.resident) == ["client/2"]
+    peeked = store.peek("client/0")
+    assert torch.equal(peeked["model"]["w"], blob(0)["model"]["w"])
+    assert list(store.resident) == ["client/2"] and "client/0" in store.spilled
+    store.close()
+
+
+def test_weights_read_back_share_the_template_again():
+    working = WorkingModels()
+    working.adopt(("linear", 3), nn.Linear(4, 3))
+    template = working.templates[("linear", 3)]
+    copied = {name: value.clone() for name, value in template.items()}
+    assert working.share(("linear", 3), copied) is template
+    copied["bias"] = copied["bias"] + 1
+    shared = working.share(("linear", 3), copied)
+    assert shared["weight"] is template["weight"] and shared["bias"] is copied["bias"]
