@@ -75,7 +75,7 @@ def laplacian_step(
     Simultaneous, not sequential: every update reads the models passed in, never one already
     updated. Neighbours missing from `models` (dropped, non-finite) are skipped.
     """
-    updated = {}
+    updated, scratch = {}, {}
     for k in sorted(weights):
         own = models[k]
         new = {name: value.clone() for name, value in own.items()}
@@ -84,7 +84,12 @@ def laplacian_step(
             if l_ == k or a == 0 or l_ not in models:
                 continue
             for name, value in new.items():
-                value.sub_(step * a * (own[name] - models[l_][name]))
+                # (w_k − w_l)·(step·a) in one reused buffer: the same float operations as
+                # the plain expression, without two fresh model-sized tensors per pair (at
+                # 100 clients of a 1.7M-parameter CNN, the allocations cost more than the maths)
+                buffer = scratch.setdefault(name, torch.empty_like(own[name]))
+                torch.sub(own[name], models[l_][name], out=buffer)
+                value.sub_(buffer.mul_(step * a))
         updated[k] = new
     return updated
 

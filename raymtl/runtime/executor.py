@@ -163,14 +163,20 @@ class Executor(ABC):
         self._call("save", {name: (directory,) for name in self.hosts})
 
     def shutdown(self) -> None:
+        self._close_hosts()
+        self._forget_hosts()
+
+    def _forget_hosts(self) -> None:
+        self.hosts.clear()
+        self.members.clear()
+        self.specs.clear()
+
+    def _close_hosts(self) -> None:
         try:  # spilled client state is local scratch: remove it
             self._call("close", {name: () for name, members in self.members.items()
                                  if role_of(members[0]) == "client"})  # fmt: skip
         except Exception as error:  # a lost host's scratch is gone with its node or process
             log.warning("closing hosts: %s", error)
-        self.hosts.clear()
-        self.members.clear()
-        self.specs.clear()
 
 
 class InlineExecutor(Executor):
@@ -309,6 +315,7 @@ class RayExecutor(Executor):
         self.nodes = self._call("node", {name: () for name in self.hosts})
 
     def shutdown(self):
+        self._close_hosts()  # before the actors go: their spilled state is on local disk
         for handle in {id(h): h for h in [*self.hosts.values(), self.graph]}.values():
             self._ray.kill(handle)
-        super().shutdown()
+        self._forget_hosts()
