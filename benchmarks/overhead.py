@@ -87,7 +87,8 @@ def run_plain(cfg) -> dict:
     """(b): the same FedAvg client updates in one process, one after the other."""
     seed = cfg.seeds[0]
     began = time.perf_counter()
-    pool, shards, _, _ = partition(cfg, seed)
+    pools, shards, _, _ = partition(cfg, seed)
+    pool = pools[cfg.data.name]
     clients = [materialize(pool, shard, seed) for shard in shards]
     torch.manual_seed(derive_seed(seed, "model-init"))
     model = build_model("cnn_mnist", tuple(pool.x.shape[1:]), pool.num_classes)
