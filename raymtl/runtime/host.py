@@ -9,6 +9,7 @@ give identical results.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 from dataclasses import dataclass
@@ -87,6 +88,21 @@ class ParticipantHost:
         if spec.checkpoint_root and spec.resume_round:
             root = Location.of(spec.checkpoint_root)
             self.load(checkpoint_dir(root, spec.resume_round).uri)
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """A fresh process pays torch's one-time costs on its first training step (the
+        optimiser's first step imports torch._dynamo and its dependencies: ~2.5 s measured,
+        against 0.3 s for a whole later client step): pay them while the host starts, on a
+        copy of its first client's model, not inside round 1. Nothing of any client changes."""
+        clients = self.client_participants()
+        if not clients:
+            return
+        state = self.clients.checkout(clients[0])
+        model = copy.deepcopy(state.model)
+        with self.precision(clients[0]):
+            model(state.data.train_x[:2]).float().sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.0).step()
 
     # -- payloads: in-process copies here, Ray's object store in actors.py
     def put(self, tensors: dict[str, torch.Tensor]):
