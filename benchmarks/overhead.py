@@ -37,7 +37,7 @@ from raymtl.data import materialize
 from raymtl.models import build_model
 from raymtl.runtime.api import start_ray
 from raymtl.runtime.driver import Driver
-from raymtl.runtime.executor import RayExecutor
+from raymtl.runtime.ray_executor import RayExecutor
 from raymtl.runtime.setup import partition
 
 RESULTS = Path(__file__).with_name("RESULTS.md")

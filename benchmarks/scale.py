@@ -94,7 +94,7 @@ def run_one(algorithm: str, clients: int, args) -> dict:
     from raymtl.config import parse_config
     from raymtl.runtime.api import start_ray
     from raymtl.runtime.driver import Driver
-    from raymtl.runtime.executor import RayExecutor
+    from raymtl.runtime.ray_executor import RayExecutor
 
     monitor = PeakMemory()
     monitor.start()

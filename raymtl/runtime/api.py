@@ -14,7 +14,8 @@ from raymtl.config import ConfigError, ExperimentConfig, apply_override, dump_co
 from raymtl.data.sources import DEFAULT_CACHE_ROOT
 from raymtl.metrics import plot_run, summarize
 from raymtl.runtime.driver import Driver
-from raymtl.runtime.executor import InlineExecutor, RayExecutor
+from raymtl.runtime.executor import InlineExecutor
+from raymtl.runtime.ray_executor import RayExecutor
 from raymtl.runtime.setup import check_federation
 from raymtl.runtime.storage import Location, fetch, is_uri, publish
 from raymtl.runtime_paths import make_directory

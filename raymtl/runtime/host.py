@@ -9,7 +9,6 @@ give identical results.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from raymtl.runtime.checkpoints import (
 )
 from raymtl.runtime.clients import HostedClients, state_budget
 from raymtl.runtime.faults import AlgorithmWarnings
-from raymtl.runtime.host_data import HostData, HostModels
+from raymtl.runtime.host_data import HostData, HostModels, client_row, precision, warm_up
 from raymtl.runtime.router import Envelope
 from raymtl.runtime.storage import Location
 
@@ -91,18 +90,9 @@ class ParticipantHost:
         self.warm_up()
 
     def warm_up(self) -> None:
-        """A fresh process pays torch's one-time costs on its first training step (the
-        optimiser's first step imports torch._dynamo and its dependencies: ~2.5 s measured,
-        against 0.3 s for a whole later client step): pay them while the host starts, on a
-        copy of its first client's model, not inside round 1. Nothing of any client changes."""
         clients = self.client_participants()
-        if not clients:
-            return
-        state = self.clients.checkout(clients[0])
-        model = copy.deepcopy(state.model)
-        with self.precision(clients[0]):
-            model(state.data.train_x[:2]).float().sum().backward()
-        torch.optim.SGD(model.parameters(), lr=0.0).step()
+        if clients:
+            warm_up(self.clients.checkout(clients[0]), self.precision(clients[0]))
 
     # -- payloads: in-process copies here, Ray's object store in actors.py
     def put(self, tensors: dict[str, torch.Tensor]):
@@ -223,23 +213,12 @@ class ParticipantHost:
         """Loss and the task's metrics of every hosted client on its own test split."""
         rows = []
         for participant in self.client_participants():
-            state, shard = self.clients.evaluation_state(participant), self.spec.shards[participant]
-            data, model = state.data, self.algorithm.eval_model(state)
+            state = self.clients.evaluation_state(participant)
+            model = self.algorithm.eval_model(state)
             with self.precision(participant):
-                metrics = evaluate(model, data.test_x, data.test_y, data.task)
-            rows.append(
-                {
-                    "client": shard.client_id,
-                    **metrics,
-                    "samples": len(data.train_y),
-                    "test_samples": len(data.test_y),
-                    "group": shard.group,
-                    "task": shard.task,
-                    "task_name": data.task.name if data.task else "label",
-                    "model": self.model_name(participant),
-                    "model_params": num_params(model),
-                }
-            )
+                metrics = evaluate(model, state.data.test_x, state.data.test_y, state.data.task)
+            shard, name = self.spec.shards[participant], self.model_name(participant)
+            rows.append(client_row(shard, state.data, metrics, name, num_params(model)))
         return rows
 
     def state_report(self) -> dict:
@@ -247,15 +226,10 @@ class ParticipantHost:
         return self.clients.report()
 
     def precision(self, participant: str):
-        """runtime.precision for a client's steps and evaluation (Lightning's names): under
-        bf16-mixed, matmuls and convolutions run in bfloat16 while weights, optimiser state
-        and every other role's maths (aggregation, HCA, graphs) stay in float32."""
-        if self.config.runtime.precision != "bf16-mixed" or role_of(participant) != "client":
+        """runtime.precision for a client's steps and evaluation (host_data.precision)."""
+        if role_of(participant) != "client":
             return contextlib.nullcontext()
-        device = "cuda" if self.spec.device.startswith("cuda") else "cpu"
-        # No cast cache: a step runs many optimiser steps inside this one context, and cached
-        # bfloat16 copies of the weights would freeze them at their first value.
-        return torch.autocast(device_type=device, dtype=torch.bfloat16, cache_enabled=False)
+        return precision(self.config.runtime.precision, self.spec.device)
 
     def rehost(self) -> bool:
         """This host replaces one that was lost: the algorithm takes its roles over."""

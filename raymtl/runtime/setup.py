@@ -73,8 +73,8 @@ def check_memory(cfg: ExperimentConfig, federation: Federation, reported: int | 
     import os
 
     from raymtl.models import build_model
-    from raymtl.runtime.executor import auto_clients_per_actor
     from raymtl.runtime.memory import available_memory, check_state_memory, parse_bytes
+    from raymtl.runtime.ray_executor import auto_clients_per_actor
 
     algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm.typed_params(), None)
     runtime, n = cfg.runtime, federation.num_clients

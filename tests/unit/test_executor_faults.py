@@ -8,7 +8,8 @@ import pytest
 import ray.exceptions
 
 from raymtl.config import RuntimeConfig
-from raymtl.runtime.executor import HostsLost, RayExecutor
+from raymtl.runtime.executor import HostsLost
+from raymtl.runtime.ray_executor import RayExecutor
 
 
 class FakeMethod:
