@@ -171,12 +171,17 @@ class WorkingModels:
             self.loaded[name] = (weights, overlay)
         return model
 
-    def share(self, key: tuple, weights: dict) -> dict:
-        """`weights` with the template's own tensors where they are equal (read back from a
-        checkpoint: clients still at their initial weights cost nothing again)."""
+    def share(self, key: tuple, weights: dict, copy: bool = False) -> dict:
+        """`weights` with the template's own tensors where they are equal (the template itself
+        when all are: a client still at its initial weights costs nothing); the others as
+        given, or fresh copies with `copy`."""
         template = self.templates[key]
-        shared = {name: template[name] if name in template and torch.equal(value, template[name])
-                  else value for name, value in weights.items()}  # fmt: skip
+        shared = {}
+        for name, value in weights.items():
+            if name in template and torch.equal(value, template[name]):
+                shared[name] = template[name]
+            else:
+                shared[name] = value.detach().clone() if copy else value
         if shared.keys() == template.keys() and all(shared[k] is template[k] for k in shared):
             return template
         return shared
@@ -189,12 +194,5 @@ class WorkingModels:
         return len(self.templates)
 
     def weights(self, key: tuple, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Fresh copies of `model`'s state, the template's own tensors where equal (the
-        template itself when all are: a client still at its initial weights costs nothing)."""
-        template, out = self.templates[key], {}
-        for name, value in model.state_dict().items():
-            same = name in template and torch.equal(value, template[name])
-            out[name] = template[name] if same else value.detach().clone()
-        if out.keys() == template.keys() and all(out[k] is template[k] for k in out):
-            return template
-        return out
+        """Fresh copies of `model`'s state, sharing the template's tensors where equal."""
+        return self.share(key, model.state_dict(), copy=True)
