@@ -94,7 +94,7 @@ class State:
 
 
 @dataclass(frozen=True)
-class Federation:
+class FederationInfo:
     """The static shape of a federation, known to every host.
 
     Metadata only (counts, graph weights, assignments): no samples, no tensors.
@@ -154,7 +154,7 @@ class StepContext:
     rounds: int
     seed: int
     sampled: tuple[int, ...]
-    federation: Federation
+    federation: FederationInfo
     records: list[tuple[str, dict]] = field(default_factory=list)
 
     @property
@@ -227,7 +227,7 @@ class Algorithm:
         """The ordered phases of round `round_index` (1-based)."""
         raise NotImplementedError
 
-    def init_state(self, participant: str, data: Any, federation: Federation) -> State:
+    def init_state(self, participant: str, data: Any, federation: FederationInfo) -> State:
         """Initial state of `participant` (clients get their private `data`)."""
         if role_of(participant) == "client":
             return State(model=self.model_factory(data.num_classes), data=data)
@@ -243,7 +243,7 @@ class Algorithm:
     # against runtime.memory_budget before any actor starts.
     memory_knobs: ClassVar[str] = ""
 
-    def check_resources(self, federation: Federation, memory_budget: float) -> None:
+    def check_resources(self, federation: FederationInfo, memory_budget: float) -> None:
         """Refuse (one-line ValueError naming the knob) a federation whose messages or server
         state would not fit: called before Ray starts, with the run's memory budget."""
 

@@ -7,7 +7,7 @@
     model.by_task {task: name}  the clients of a task group (data.tasks names); others: name
     model.clients [names]       client i trains names[i]
 
-Only the names travel (Federation.models); each host builds its clients' models itself.
+Only the names travel (FederationInfo.models); each host builds its clients' models itself.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from raymtl.algorithms.base import (
-    Federation,
+    FederationInfo,
     Phase,
     State,
     StepContext,
@@ -50,7 +50,7 @@ class HostSpec:
     """Everything a host needs to build its participants (metadata and indices only)."""
 
     config: dict  # the resolved ExperimentConfig, as a plain mapping
-    federation: Federation
+    federation: FederationInfo
     participants: tuple[str, ...]
     shards: dict  # client participant -> ClientShard (indices into the source)
     seed: int

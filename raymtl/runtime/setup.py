@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raymtl.algorithms.base import SERVER, Federation, client_name, leader_name, lps_name
+from raymtl.algorithms.base import SERVER, FederationInfo, client_name, leader_name, lps_name
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.runtime.executor import Executor
@@ -20,7 +20,7 @@ from raymtl.tasks.assign import assign_tasks
 class Setup:
     """A seed's federation: metadata, client shards and the hosts' specs."""
 
-    federation: Federation
+    federation: FederationInfo
     shards: dict
     specs: dict[str, HostSpec]
 
@@ -63,7 +63,7 @@ def check_federation(cfg: ExperimentConfig) -> None:
     check_memory(cfg, federation)
 
 
-def check_memory(cfg: ExperimentConfig, federation: Federation, reported: int | None = None):
+def check_memory(cfg: ExperimentConfig, federation: FederationInfo, reported: int | None = None):
     """Per-client state (Sheaf-FMTL's maps) against runtime.memory_budget (see memory.py).
 
     Without a budget: a local run is held to this machine's available memory (its local Ray
@@ -155,7 +155,7 @@ def build_setup(
 def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool, shards, specs):
     """The federation's metadata: sizes, tasks and heads, peer graph (graph service), LPSs."""
     n = cfg.data.num_clients
-    return Federation(
+    return FederationInfo(
         public_size=cfg.data.public.size if cfg.data.public else 0,
         num_clients=n,
         samples=tuple(len(s.train_idx) for s in shards),
@@ -190,7 +190,7 @@ def client_models(cfg: ExperimentConfig, seed: int, shards, specs) -> tuple[str,
     return models
 
 
-def check_model(cfg: ExperimentConfig, federation: Federation) -> None:
+def check_model(cfg: ExperimentConfig, federation: FederationInfo) -> None:
     """Build every model once here, so bad `model.params` or a model that does not fit the
     input fails before any actor starts."""
     from raymtl.models import build_model
@@ -203,14 +203,14 @@ def check_model(cfg: ExperimentConfig, federation: Federation) -> None:
             raise ConfigError(str(error).splitlines()[0]) from None
 
 
-def surviving_layout(cfg, federation: Federation, executor: Executor, lost) -> dict:
+def surviving_layout(cfg, federation: FederationInfo, executor: Executor, lost) -> dict:
     """host_layout without the participants the run went on without (hosts left empty go)."""
     layout = {name: [p for p in members if p not in lost]
               for name, members in host_layout(cfg, federation, executor).items()}  # fmt: skip
     return {name: members for name, members in layout.items() if members}
 
 
-def host_layout(cfg: ExperimentConfig, federation: Federation, executor: Executor) -> dict:
+def host_layout(cfg: ExperimentConfig, federation: FederationInfo, executor: Executor) -> dict:
     """Host name -> the participants it keeps resident (clients pinned in blocks)."""
     n = federation.num_clients
     layout = {

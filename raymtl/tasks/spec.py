@@ -10,7 +10,7 @@ attributes (BCE, AdamW) beside landmark regression (MSE, Adam).
     attributes   bce             binary attributes     precision, recall, f1 (micro)
     landmarks    mse             landmark values       mse, mae
 
-A `TaskSpec` is plain, frozen metadata: it travels inside the `Federation` to
+A `TaskSpec` is plain, frozen metadata: it travels inside the `FederationInfo` to
 every host, and a client's data carries its own spec.
 """
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from raymtl.algorithms import get_algorithm
-from raymtl.algorithms.base import Federation, Message, State, StepContext
+from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
 from raymtl.algorithms.training import is_finite, weighted_average
 from raymtl.models import build_model
 
@@ -22,7 +22,7 @@ def filled(model, value: float) -> dict[str, torch.Tensor]:
     return {name: torch.full_like(t, value) for name, t in model.state_dict().items()}
 
 
-def context(me: str, federation: Federation, round_index: int = 1) -> StepContext:
+def context(me: str, federation: FederationInfo, round_index: int = 1) -> StepContext:
     return StepContext(me, round_index, 10, 0, tuple(range(federation.num_clients)), federation)
 
 
@@ -46,7 +46,7 @@ def test_non_finite_updates_are_rejected():
 
 def test_fedavg_server_average_and_broadcast():
     fedavg = make("fedavg")
-    federation = Federation(3, samples=(10, 30, 60), num_classes=(2, 2, 2), input_shape=(1, 1, 2))
+    federation = FederationInfo(3, samples=(10, 30, 60), num_classes=(2, 2, 2), input_shape=(1, 1, 2))
     server = fedavg.init_state("server", None, federation)
     inbox = [  # client 2 did not take part this round
         Message("client/1", "server", "model", filled(server.model, 3.0)),
@@ -62,7 +62,7 @@ def test_fedavg_server_average_and_broadcast():
 
 def test_fedavg_upload_is_the_whole_model():
     fedavg = make("fedavg", epochs=1, batch_size=4)
-    federation = Federation(1, samples=(8,), num_classes=(2,), input_shape=(1, 1, 2))
+    federation = FederationInfo(1, samples=(8,), num_classes=(2,), input_shape=(1, 1, 2))
     data = type("Data", (), {})()
     data.train_x, data.train_y, data.num_classes = torch.randn(8, 1, 1, 2), torch.zeros(8).long(), 2
     state = fedavg.init_state("client/0", data, federation)
@@ -76,7 +76,7 @@ def test_dpsgd_metropolis_combination_on_a_path():
     # Path 0 - 1 - 2: W = [[2/3, 1/3, 0], [1/3, 1/3, 1/3], [0, 1/3, 2/3]].
     dpsgd = make("dpsgd")
     mixing = {0: {0: 2 / 3, 1: 1 / 3}, 1: {0: 1 / 3, 1: 1 / 3, 2: 1 / 3}, 2: {1: 1 / 3, 2: 2 / 3}}
-    federation = Federation(3, (1, 1, 1), (2, 2, 2), (1, 1, 2), mixing=mixing)
+    federation = FederationInfo(3, (1, 1, 1), (2, 2, 2), (1, 1, 2), mixing=mixing)
     state = State(model=logreg())
     state.model.load_state_dict(filled(state.model, 3.0))
     inbox = [
@@ -92,7 +92,7 @@ def test_dpsgd_metropolis_combination_on_a_path():
 def test_dpsgd_sends_to_each_neighbour_only():
     dpsgd = make("dpsgd", batch_size=4)
     mixing = {0: {0: 0.5, 1: 0.5}, 1: {0: 0.5, 1: 0.5}, 2: {2: 1.0}}
-    federation = Federation(3, (4, 4, 4), (2, 2, 2), (1, 1, 2), mixing=mixing)
+    federation = FederationInfo(3, (4, 4, 4), (2, 2, 2), (1, 1, 2), mixing=mixing)
     data = type("Data", (), {})()
     data.train_x, data.train_y, data.num_classes = torch.randn(4, 1, 1, 2), torch.zeros(4).long(), 2
     state = dpsgd.init_state("client/0", data, federation)
@@ -103,7 +103,7 @@ def test_dpsgd_sends_to_each_neighbour_only():
 def test_hfedavg_gps_averages_common_layers_weighted_by_lps_samples():
     hfedavg = make("hfedavg", common_prefixes=("head.weight",))
     # Clients 0, 1 on LPS 0 (10 + 10 samples), client 2 on LPS 1 (60 samples).
-    federation = Federation(
+    federation = FederationInfo(
         3, (10, 10, 60), (2, 2, 2), (1, 1, 2), lps_of_client=(0, 0, 1), num_lps=2
     )
     inbox = [
@@ -119,7 +119,7 @@ def test_hfedavg_gps_averages_common_layers_weighted_by_lps_samples():
 
 def test_hfedavg_lps_sends_common_layers_only_on_global_rounds():
     hfedavg = make("hfedavg", global_every=2, common_prefixes=("head.weight",))
-    federation = Federation(2, (1, 3), (2, 2), (1, 1, 2), lps_of_client=(0, 0), num_lps=1)
+    federation = FederationInfo(2, (1, 3), (2, 2), (1, 1, 2), lps_of_client=(0, 0), num_lps=1)
     lps = hfedavg.init_state("lps/0", None, federation)
     user_model = hfedavg.model_factory(2)
     inbox = [

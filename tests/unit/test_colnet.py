@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raymtl.algorithms.base import HOLDER_TABLE, Federation, Message, State, StepContext
+from raymtl.algorithms.base import HOLDER_TABLE, FederationInfo, Message, State, StepContext
 from raymtl.algorithms.colnet import first_holder, flatten, next_holder, unflatten
 from raymtl.algorithms.registry import get_algorithm
 
 # Clients 0, 1 solve task 0 and clients 2, 3 task 1.
-FEDERATION = Federation(4, (10, 10, 10, 10), (2, 2, 3, 3), (1, 2, 2), tasks=(0, 0, 1, 1))
+FEDERATION = FederationInfo(4, (10, 10, 10, 10), (2, 2, 3, 3), (1, 2, 2), tasks=(0, 0, 1, 1))
 
 
 def make(name: str):

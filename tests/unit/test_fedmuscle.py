@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raymtl.algorithms.base import Federation
+from raymtl.algorithms.base import FederationInfo
 from raymtl.algorithms.fedmuscle import FedMuscle, FedMuscleParams, PairwiseInfoNCE
 from raymtl.algorithms.muscle import (
     gamma_of,
@@ -109,7 +109,7 @@ def test_only_the_anchor_gets_a_gradient():
 
 
 def federation(num_clients=6, public_size=1000):
-    return Federation(num_clients, (10,) * num_clients, (10,) * num_clients, (1, 28, 28),
+    return FederationInfo(num_clients, (10,) * num_clients, (10,) * num_clients, (1, 28, 28),
                       public_size=public_size)  # fmt: skip
 
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from raymtl.algorithms.base import Federation, Message, State, StepContext
+from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
 from raymtl.algorithms.fedu import DFedU, FedU, FedUParams, random_similarity
 from raymtl.algorithms.pfedme import PFedMe, PFedMeParams, local_copy_step, moreau_step
 
 
 def ctx(me: str, num_clients: int = 3, mixing=None) -> StepContext:
-    federation = Federation(num_clients, (1, 3, 1), (2,) * num_clients, (1, 1, 1), mixing=mixing)
+    federation = FederationInfo(num_clients, (1, 3, 1), (2,) * num_clients, (1, 1, 1), mixing=mixing)
     return StepContext(me=me, round=1, rounds=1, seed=0, sampled=(0, 1, 2), federation=federation)
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from raymtl.algorithms.base import Federation, Message, State, StepContext
+from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
 from raymtl.algorithms.fedu import laplacian_step
 from raymtl.algorithms.sfmtl_graph import (
     AnchorTraining,
@@ -121,7 +121,7 @@ def test_initial_anchor_is_seeded_and_normalised():
 
 
 def fake_ctx(me: str, sampled=(0, 1, 2)) -> StepContext:
-    federation = Federation(3, (1, 3, 1), (2, 2, 2), (1, 1, 1))
+    federation = FederationInfo(3, (1, 3, 1), (2, 2, 2), (1, 1, 1))
     return StepContext(me=me, round=1, rounds=1, seed=0, sampled=sampled, federation=federation)
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from raymtl.algorithms.base import Federation, Message, State, StepContext
+from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.sheaf_fmtl import interaction_dim
 from raymtl.config import ConfigError, parse_config
@@ -14,7 +14,7 @@ from raymtl.models import build_model
 from tests.conftest import digits_experiment
 
 # A path 0 - 1 - 2 (mixing weights are not used by Sheaf-FMTL, only who is a neighbour).
-PATH = Federation(
+PATH = FederationInfo(
     3, (1, 1, 1), (1, 1, 1), (1, 1, 1), mixing={0: {1: 1}, 1: {0: 1, 2: 1}, 2: {1: 1}}
 )
 

@@ -1,0 +1,41 @@
+"""Round callbacks: code of the user's that runs on the driver after every round.
+
+    class PrintAccuracy(raymtl.Callback):
+        def on_round_end(self, event):
+            print(event.seed, event.round, event.row["mean_accuracy"])
+
+    raymtl.run("jobs/fedavg_digits.yaml", callbacks=[PrintAccuracy()])
+
+A callback sees the round's row of rounds.parquet and, in an evaluated round, its
+clients' rows of clients.parquet. Returning True from `on_round_end` stops the seed after
+that round (early stopping): the rounds run so far stay in the outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """One finished round (checkpoint included) of one seed."""
+
+    seed: int
+    round: int
+    rounds: int  # the rounds the run was asked for
+    row: dict  # the round's row of rounds.parquet
+    clients: list[dict] = field(default_factory=list)  # clients.parquet rows (evaluated rounds)
+
+
+class Callback:
+    """Hooks the driver calls; every one is optional."""
+
+    def on_run_start(self, config, run_dir: Path) -> None:
+        """Before the first seed starts (also on --resume)."""
+
+    def on_round_end(self, event: RoundEvent) -> bool | None:
+        """After every round; return True to stop this seed after it."""
+
+    def on_run_end(self, run_dir: Path) -> None:
+        """After the summary (and plots) are written."""
