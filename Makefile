@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,mlflow]"
 	touch $@
 
 install: $(VENV)/.installed

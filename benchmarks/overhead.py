@@ -1,6 +1,7 @@
 """What does running a federation on Ray actors cost over a plain PyTorch loop?
 
-(a) raymtl: FedAvg through the RayExecutor (client actors, object store, router).
+(a) raymtl: FedAvg on Ray actors (client actors, object store, router), driven round by
+    round through the public `raymtl.Federation`.
 (b) the same client updates in one process: the same partition, initial model,
     per-client seeds and local SGD, called in a plain `for` loop.
 
@@ -23,8 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from raymtl.algorithms.base import LocalTrainingParams, client_name
-from raymtl.algorithms.training import (
+import raymtl
+from raymtl.config import parse_config
+from raymtl.data import materialize
+from raymtl.extend import (
+    LocalTrainingParams,
+    client_name,
     derive_seed,
     evaluate,
     load_tensors,
@@ -32,18 +37,13 @@ from raymtl.algorithms.training import (
     model_tensors,
     weighted_average,
 )
-from raymtl.config import parse_config
-from raymtl.data import materialize
 from raymtl.models import build_model
-from raymtl.runtime.api import start_ray
-from raymtl.runtime.driver import Driver
-from raymtl.runtime.ray_executor import RayExecutor
-from raymtl.runtime.setup import partition
+from raymtl.runtime.planning import partition  # the same clients' shards for the plain loop
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 
 
-def experiment(args, run_dir: Path) -> dict:
+def experiment(args, out: Path) -> dict:
     return {
         "name": "overhead",
         "data": {
@@ -61,25 +61,32 @@ def experiment(args, run_dir: Path) -> dict:
         "eval_every": args.rounds,
         "checkpoint_every": args.rounds,
         "runtime": {"executor": "ray", "dashboard": False, "precision": args.precision},
-        "output": {"dir": str(run_dir), "plots": False},
+        "output": {"dir": str(out), "plots": False},
     }
 
 
-def run_on_ray(cfg, run_dir: Path) -> dict:
-    """(a): the federation through raymtl's RayExecutor; timings from rounds.parquet."""
-    import pandas as pd
+def run_on_ray(cfg) -> dict:
+    """(a): the federation on Ray actors, round by round; its rounds' time from its rows."""
+    import ray
 
-    ray_start = start_ray(cfg)
     began = time.perf_counter()
-    Driver(cfg, run_dir, lambda: RayExecutor(cfg.runtime)).run()
-    total = time.perf_counter() - began
-    rounds = pd.read_parquet(run_dir / "rounds.parquet")
-    round_time = float(rounds["wall_time"].max())
+    ray.init(
+        address="local",
+        num_cpus=cfg.runtime.num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    ray_start = time.perf_counter() - began
+    began = time.perf_counter()
+    with raymtl.Federation(cfg) as federation:  # the actors start (Ray is reused)
+        setup = time.perf_counter() - began
+        while not federation.done:
+            event = federation.run_round()
     return {
         "ray_start_s": ray_start,
-        "setup_s": total - round_time,
-        "rounds_s": round_time,
-        "accuracy": float(rounds["mean_accuracy"].dropna().iloc[-1]),
+        "setup_s": setup,
+        "rounds_s": float(event.row["wall_time"]),
+        "accuracy": float(event.row["mean_accuracy"]),
     }
 
 
@@ -143,15 +150,16 @@ def main() -> None:
     parser.add_argument("--max-samples", type=int, default=500)
     parser.add_argument("--out", default="runs/bench-overhead")
     parser.add_argument(
-        "--precision", default="fp32", choices=["fp32", "bf16-mixed"],
+        "--precision",
+        default="fp32",
+        choices=["fp32", "bf16-mixed"],
         help="raymtl's runtime.precision for (a); the plain loop (b) stays fp32",
-    )  # fmt: skip
+    )
     parser.add_argument("--record", action="store_true", help="append the result to RESULTS.md")
     args = parser.parse_args()
-    run_dir = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    cfg = parse_config(experiment(args, run_dir))
+    cfg = parse_config(experiment(args, Path(args.out)))
     plain_result = run_plain(cfg)
-    ray_result = run_on_ray(cfg, run_dir)
+    ray_result = run_on_ray(cfg)
     ratio = ray_result["rounds_s"] / plain_result["rounds_s"]
     plain, remote = plain_result, ray_result
     print(f"plain loop : rounds {plain['rounds_s']:.1f} s (set-up {plain['setup_s']:.1f} s)")

@@ -3,22 +3,55 @@
 From Python, as from the command line:
 
     import raymtl
-    run_dir = raymtl.run("jobs/fedavg_digits.yaml", overrides=["rounds=5"])
-    results = raymtl.load_results(run_dir)
+    results = raymtl.run("jobs/fedavg_digits.yaml", overrides=["rounds=5"])
     results.rounds.tail()            # pandas frames: clients, rounds, messages, every table
     results.summary["final"]         # summary.json
+    comparison = raymtl.compare(["jobs/fedavg_digits.yaml"], ["algorithm.name=fedavg,local"])
+    comparison.table                 # table.csv
+
+An experiment is an `ExperimentConfig`, a mapping or a YAML path; `callbacks=[...]` run after
+every round (`raymtl.Callback`); `raymtl.Federation(cfg)` runs one seed round by round; the
+names a plugin author needs (`raymtl.extend`) are here too.
 
 Names resolve lazily: importing raymtl starts nothing and imports neither Ray nor torch.
 """
 
 from __future__ import annotations
 
-__all__ = ["Results", "load_results", "resume", "run"]
+import importlib
+
+# Public name -> the module that defines it; raymtl.extend's names are added on first use.
+EXPORTS = {
+    "run": "raymtl.python_api",
+    "resume": "raymtl.python_api",
+    "load_results": "raymtl.python_api",
+    "Results": "raymtl.python_api",
+    "compare": "raymtl.comparison",
+    "Comparison": "raymtl.comparison",
+    "ExperimentConfig": "raymtl.config",
+    "ConfigError": "raymtl.config",
+    "Callback": "raymtl.callbacks",
+    "RoundEvent": "raymtl.callbacks",
+    "Federation": "raymtl.runtime.federation",
+    "MLflowCallback": "raymtl.trackers.mlflow",
+}
+EXTEND = "raymtl.extend"
+
+
+def extension_names() -> list[str]:
+    """`raymtl.extend.__all__` (importing it imports torch: done only when asked)."""
+    return [name for name in importlib.import_module(EXTEND).__all__ if name not in EXPORTS]
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        from raymtl import python_api
-
-        return getattr(python_api, name)
+    if name in EXPORTS:
+        return getattr(importlib.import_module(EXPORTS[name]), name)
+    if name == "__all__":  # `from raymtl import *`
+        return sorted(EXPORTS) + extension_names()
+    if not name.startswith("_") and name in extension_names():
+        return getattr(importlib.import_module(EXTEND), name)
     raise AttributeError(f"module 'raymtl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *EXPORTS, *extension_names()})

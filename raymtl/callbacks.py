@@ -8,7 +8,9 @@
 
 A callback sees the round's row of rounds.parquet and, in an evaluated round, its
 clients' rows of clients.parquet. Returning True from `on_round_end` stops the seed after
-that round (early stopping): the rounds run so far stay in the outputs.
+that round (early stopping): the rounds run so far stay in the outputs. The CLI's progress
+bar (`raymtl.cli.RoundProgress`) and the MLflow tracker (`raymtl.MLflowCallback`) are
+callbacks too.
 """
 
 from __future__ import annotations

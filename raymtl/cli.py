@@ -1,7 +1,9 @@
 """`raymtl run | compare | report | list`.
 
-Every user error (bad experiment file, impossible combination, missing dataset)
-is one line on stderr and exit code 2 — never a traceback.
+`run` and `compare` are `raymtl.run` / `raymtl.resume` / `raymtl.compare` with a progress bar
+(a `Callback`) and printed tables: one code path for Python and the command line. Every user
+error (bad experiment file, impossible combination, missing dataset) is one line on stderr and
+exit code 2 — never a traceback.
 """
 
 from __future__ import annotations
@@ -14,9 +16,16 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from raymtl.config import ConfigError, load_config, load_raw, parse_config
+import raymtl
+from raymtl.callbacks import Callback, RoundEvent
+from raymtl.comparison import print_comparison
+from raymtl.config import ConfigError, load_raw, parse_config
+from raymtl.metrics import report as report_run
+from raymtl.metrics.report import print_summary
+from raymtl.trackers.mlflow import MLflowCallback
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 # Tables stay readable when the output is a file or a pipe (rich falls back to 80 columns).
@@ -26,25 +35,30 @@ errors = Console(stderr=True)
 
 def fail(message: str) -> None:
     """Print one error line and exit 2."""
-    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
-class RoundProgress:
-    """A rich progress bar per seed; shows the last evaluated accuracy."""
+class RoundProgress(Callback):
+    """A rich progress bar per experiment and seed; shows the last evaluated accuracy."""
 
-    def __init__(self, progress: Progress, label: str, rounds: int):
-        self.progress, self.label, self.rounds = progress, label, rounds
-        self.tasks: dict[int, int] = {}
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.label = ""
+        self.tasks: dict[tuple[str, int], int] = {}
 
-    def __call__(self, seed: int, round_index: int, row: dict) -> None:
-        if seed not in self.tasks:
-            self.tasks[seed] = self.progress.add_task(
-                f"{self.label} seed {seed}", total=self.rounds, accuracy=""
+    def on_run_start(self, config, run_dir: Path) -> None:
+        self.label = config.name
+
+    def on_round_end(self, event: RoundEvent) -> None:
+        key = (self.label, event.seed)
+        if key not in self.tasks:
+            self.tasks[key] = self.progress.add_task(
+                f"{self.label} seed {event.seed}", total=event.rounds, accuracy=""
             )
-        accuracy = row.get("mean_accuracy")
+        accuracy = event.row.get("mean_accuracy")
         shown = "" if accuracy is None or accuracy != accuracy else f"acc {accuracy:.3f}"
-        self.progress.update(self.tasks[seed], completed=round_index, accuracy=shown)
+        self.progress.update(self.tasks[key], completed=event.round, accuracy=shown)
 
 
 def progress_bar() -> Progress:
@@ -58,12 +72,11 @@ def progress_bar() -> Progress:
     )
 
 
-def run_one(cfg, run_dir: Path | None = None) -> Path:
-    """Run one experiment with a progress bar; returns its run directory."""
-    from raymtl.runtime import run_experiment
-
-    with progress_bar() as progress:
-        return run_experiment(cfg, run_dir, RoundProgress(progress, cfg.name, cfg.rounds))
+def trackers(mlflow: bool, mlflow_uri: str | None) -> list[Callback]:
+    """The tracker callbacks the options ask for."""
+    if not (mlflow or mlflow_uri):
+        return []
+    return [MLflowCallback(tracking_uri=mlflow_uri)]
 
 
 @app.command()
@@ -73,29 +86,39 @@ def run(
     resume: Annotated[
         str | None, typer.Option(help="continue this run directory (a path or a URI)")
     ] = None,
+    mlflow: Annotated[
+        bool, typer.Option("--mlflow", help="log to MLflow (file:<output.dir>/mlruns)")
+    ] = False,
+    mlflow_uri: Annotated[
+        str | None, typer.Option(help="log to MLflow at this tracking URI (implies --mlflow)")
+    ] = None,
 ) -> None:
     """Run one experiment file and print its results table."""
-    from raymtl.metrics import report
-
     with user_errors():
+        callbacks = trackers(mlflow, mlflow_uri)
         if resume is not None:
-            from raymtl.runtime import resume_experiment
-            from raymtl.runtime.api import load_run_config
-
             if file is not None and "=" not in file:
                 fail(f"run: give an experiment file or --resume RUN_DIR, not both ('{file}')")
             overrides = [file, *(overrides or [])] if file else overrides  # all overrides
-            cfg = load_run_config(resume, overrides or [])
             with progress_bar() as progress:
-                run_dir = resume_experiment(
-                    resume, RoundProgress(progress, cfg.name, cfg.rounds), overrides or []
+                results = raymtl.resume(
+                    resume, overrides or [], callbacks=[RoundProgress(progress), *callbacks]
                 )
         else:
             if file is None:
                 fail("run: give an experiment file (or --resume RUN_DIR)")
-            run_dir = run_one(load_config(file, overrides or []))
-        report(local_copy(run_dir), console=console)
-        console.print(f"results in [bold]{run_dir}[/]")
+            with progress_bar() as progress:
+                results = raymtl.run(
+                    file, overrides or [], callbacks=[RoundProgress(progress), *callbacks]
+                )
+        print_results(results)
+
+
+def print_results(results) -> None:
+    """The run's results table, its plots (if it drew any) and where it is."""
+    plots = sorted((results.run_dir / "plots").glob("*.png"))
+    print_summary(results.summary, f"Results: {results.run_dir}", console, plots)
+    console.print(f"results in [bold]{results.location}[/]")
 
 
 @app.command()
@@ -104,18 +127,19 @@ def compare(
     out: Annotated[Path | None, typer.Option(help="comparison directory")] = None,
 ) -> None:
     """Run several experiments (or `algorithm.name=a,b`) on the same data and seeds."""
-    from raymtl.compare import compare_experiments, expand_experiments
-
     with user_errors():
-        configs = expand_experiments(items)
-        compare_experiments(configs, out, run_one, console)
+        files = [item for item in items if "=" not in item]
+        overrides = [item for item in items if "=" in item]
+        with progress_bar() as progress:
+            comparison = raymtl.compare(
+                files, overrides, out=out, callbacks=[RoundProgress(progress)]
+            )
+        print_comparison(comparison, console)
 
 
 @app.command()
 def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
     """Re-draw the plots and the table of a run from its Parquet files."""
-    from raymtl.metrics import report as report_run
-
     with user_errors():
         if not (run_dir / "rounds.parquet").is_file():
             fail(f"run_dir: '{run_dir}' has no rounds.parquet (not a finished run)")
@@ -123,23 +147,20 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> 
 
 
 @app.command(name="list")
-def list_components() -> None:
-    """Algorithms, datasets, partitions, models and topologies with their parameters."""
+def list_components(
+    plugin: Annotated[
+        list[str] | None,
+        typer.Option(help="load this plugin first (a module name or a .py path); repeatable"),
+    ] = None,
+) -> None:
+    """Algorithms, datasets, partitions, models, topologies and targets with their parameters."""
     from raymtl.catalogue import catalogue_tables
+    from raymtl.plugins import load_plugins, resolve_entry
 
+    with user_errors():
+        load_plugins([resolve_entry(entry) for entry in plugin or ()])
     for table in catalogue_tables():
         console.print(table)
-
-
-def local_copy(run_dir) -> Path:
-    """A run's local folder: itself, or the staging folder of a run kept at a URI."""
-    from raymtl.runtime.storage import Location, is_uri
-
-    if not is_uri(run_dir):
-        return Path(run_dir)
-    from raymtl.runtime.api import staging_dir
-
-    return staging_dir(Location.of(run_dir))
 
 
 class user_errors:

@@ -4,6 +4,11 @@ Every section forbids unknown keys; cross-field rules (impossible partitions,
 too many LPSs, a disconnected graph, a topology the algorithm cannot run on)
 are checked here, so a bad file fails before any actor starts, with one line
 that names the field (`ConfigError`).
+
+`plugins:` (module names or paths to .py files) are imported before anything else is
+validated, so the names they register (algorithms, models, datasets, ...) resolve. A
+relative path is looked up next to the experiment file, then in the current folder, and
+kept absolute, so every host finds the same file.
 """
 
 from __future__ import annotations
@@ -17,27 +22,36 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from raymtl.algorithms.base import Params
 from raymtl.algorithms.registry import get_algorithm
+from raymtl.config_base import ConfigError, Section, first_error, one_line
 from raymtl.config_checks import (
     check_algorithm,
     check_models,
     check_names,
     check_tasks,
     check_topology,
-    first_error,
 )
-from raymtl.config_data import (  # noqa: F401  (PartitionConfig, TaskConfig: re-exported)
-    DataConfig,
-    PartitionConfig,
-    PublicConfig,
-    Section,
-    TaskConfig,
-)
+from raymtl.config_data import DataConfig, PartitionConfig, PublicConfig, TaskConfig
+from raymtl.graph.topology import STRUCTURED_KINDS
+from raymtl.plugins import load_plugins, resolve_entry
 
-PEER_FREE_KINDS = ("star", "hierarchical", "none", "groups")
-
-
-class ConfigError(ValueError):
-    """A one-line, user-facing configuration error naming the field."""
+__all__ = [
+    "AlgorithmConfig",
+    "ConfigError",
+    "DataConfig",
+    "ExperimentConfig",
+    "ModelConfig",
+    "OutputConfig",
+    "PartitionConfig",
+    "PublicConfig",
+    "RuntimeConfig",
+    "TaskConfig",
+    "TopologyConfig",
+    "apply_override",
+    "dump_config",
+    "load_config",
+    "load_raw",
+    "parse_config",
+]
 
 
 class ModelConfig(Section):
@@ -130,6 +144,11 @@ class OutputConfig(Section):
 
 
 class ExperimentConfig(Section):
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="modules (names on sys.path, or .py paths) imported before the rest is "
+        "validated: they register algorithms, models, datasets, partitions, topologies, targets",
+    )
     name: str = Field(
         "experiment",
         min_length=1,
@@ -156,6 +175,17 @@ class ExperimentConfig(Section):
             )
         return name
 
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins_first(cls, raw: Any) -> Any:
+        # Before any field: the names the rest of the file uses may be the plugins'.
+        entries = raw.get("plugins") if isinstance(raw, dict) else None
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+            return raw  # not a list of strings: the field's own validation says so
+        resolved = [resolve_entry(entry) for entry in entries]
+        load_plugins(resolved)
+        return {**raw, "plugins": resolved}
+
     @model_validator(mode="after")
     def _check_combinations(self) -> ExperimentConfig:
         check_names(self)
@@ -168,7 +198,7 @@ class ExperimentConfig(Section):
     def shape(self) -> str:
         """star | peer | hierarchical | none | groups: the shape the topology gives."""
         kind = self.topology.kind
-        return kind if kind in PEER_FREE_KINDS else "peer"
+        return kind if kind in STRUCTURED_KINDS else "peer"
 
 
 def apply_override(raw: dict, assignment: str) -> None:
@@ -206,17 +236,20 @@ def list_item(items: list, part: str, path: str):
 
 
 def parse_config(raw: dict) -> ExperimentConfig:
-    """Validate a raw mapping; every failure becomes one ConfigError line."""
+    """Validate a raw mapping (its plugins imported first); every failure is one ConfigError
+    line. Relative plugin paths are looked up in the current folder (`load_raw` has made
+    those of an experiment file absolute)."""
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as error:
         raise ConfigError(first_error(error)) from None
     except ValueError as error:  # raised by builders called from validators
-        raise ConfigError(str(error).splitlines()[0]) from None
+        raise ConfigError(one_line(error)) from None
 
 
 def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
-    """The YAML mapping of `path` with overrides applied (not yet validated)."""
+    """The YAML mapping of `path` with overrides applied (not yet validated); the relative
+    paths of its plugins resolved next to the file, then in the current folder."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"experiment file: '{path}' does not exist")
@@ -228,6 +261,9 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
         raise ConfigError(f"experiment file: '{path}' must hold a mapping")
     for assignment in overrides:
         apply_override(raw, assignment)
+    entries = raw.get("plugins")
+    if isinstance(entries, list):
+        raw["plugins"] = [resolve_entry(entry, [path.resolve().parent]) for entry in entries]
     return raw
 
 

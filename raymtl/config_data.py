@@ -1,27 +1,30 @@
 """The data sections of the experiment: the source, its partition, the clients' tasks and
 the public dataset some algorithms align on (FedMuscle).
 
-Re-exported by raymtl/config.py; split out so each module stays small.
+Partition kinds and task targets are names in their registries (built-in or a plugin's),
+checked here; dataset names are checked with the rest of the experiment (config_checks.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from raymtl.config_checks import partition_has_tasks
+from raymtl.config_base import Section
+from raymtl.data.partition_registry import PARTITIONS, REQUIRED
+from raymtl.tasks.registry import TARGETS
 
 
-class Section(BaseModel):
-    # inf and NaN are never a setting (lr=.inf once became `lr: null` in config.yaml)
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+def partition_has_tasks(partition: PartitionConfig) -> bool:
+    """Partitions that assign each client a task themselves."""
+    return PARTITIONS[partition.kind].assigns_tasks
 
 
 class PartitionConfig(Section):
-    kind: Literal[
-        "iid", "classes_per_client", "dirichlet", "task_groups", "fmnist_tasks", "cifar10_tasks"
-    ] = "classes_per_client"
+    kind: str = Field(
+        "classes_per_client", description="a partition kind (`raymtl list`: partitions)"
+    )
     classes_per_client: int | None = Field(
         2, ge=1, description="task_groups: null = every client holds all classes of its task"
     )
@@ -36,6 +39,33 @@ class PartitionConfig(Section):
     max_samples_per_client: int | None = Field(None, ge=3)
     task_users: list[int] | None = Field(None, description="*_tasks: users per task (5/3/2)")
     minority_fraction: float = Field(0.1, ge=0, lt=1, description="*_tasks: other tasks' share")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the kind's own parameters (a plugin's kind)"
+    )
+
+    @field_validator("kind")
+    @classmethod
+    def _kind_is_registered(cls, kind: str) -> str:
+        if kind not in PARTITIONS:
+            raise ValueError(f"'{kind}' is not one of {', '.join(PARTITIONS)}")
+        return kind
+
+    @model_validator(mode="after")
+    def _params_are_the_kinds(self) -> PartitionConfig:
+        spec = PARTITIONS[self.kind]
+        for key in self.params:
+            if key in type(self).model_fields:
+                raise ValueError(f"params.{key}: set data.partition.{key} instead")
+            if key not in spec.params:
+                allowed = ", ".join(spec.params) or "none"
+                raise ValueError(
+                    f"params.{key}: not a parameter of kind '{self.kind}' (allowed: {allowed})"
+                )
+        for key, default in spec.params.items():
+            given = key in self.params or key in type(self).model_fields
+            if default is REQUIRED and not given:
+                raise ValueError(f"params.{key}: required by kind '{self.kind}'")
+        return self
 
 
 class OptimizerConfig(Section):
@@ -55,7 +85,7 @@ class TaskConfig(Section):
     """One task of the federation: its targets decide the head, loss and metrics."""
 
     name: str = Field(min_length=1)
-    targets: Literal["label", "attributes", "landmarks"] = "label"
+    targets: str = Field("label", description="a registered target (`raymtl list`)")
     loss: Literal["cross_entropy", "bce", "mse"] | None = Field(None, description="default: fits")
     outputs: int | None = Field(None, ge=1, description="head outputs; default: the targets'")
     optimizer: OptimizerConfig | None = Field(None, description="null: the algorithm's SGD")
@@ -65,16 +95,22 @@ class TaskConfig(Section):
         None, description="another dataset (domain) for this task, resized to data.name's images"
     )
 
+    @field_validator("targets")
+    @classmethod
+    def _targets_are_registered(cls, targets: str) -> str:
+        if targets not in TARGETS:
+            raise ValueError(f"'{targets}' is not one of {', '.join(TARGETS)}")
+        return targets
+
     @model_validator(mode="after")
     def _loss_and_metrics_fit(self) -> TaskConfig:
-        from raymtl.tasks.spec import LOSS_OF_TARGETS, METRICS_OF_LOSS
-
-        fitting = LOSS_OF_TARGETS[self.targets]
-        if self.loss is not None and self.loss != fitting:
+        target = TARGETS[self.targets]
+        if self.loss is not None and self.loss != target.loss:
             raise ValueError(
-                f"loss: '{self.loss}' does not fit targets '{self.targets}' (allowed: {fitting})"
+                f"loss: '{self.loss}' does not fit targets '{self.targets}' "
+                f"(allowed: {target.loss})"
             )
-        allowed = METRICS_OF_LOSS[fitting]
+        allowed = target.metrics
         for metric in self.metrics or ():
             if metric not in allowed:
                 raise ValueError(f"metrics: '{metric}' is not one of {', '.join(allowed)}")

@@ -1,23 +1,43 @@
-"""The Python API (`raymtl.run`, `raymtl.resume`, `raymtl.load_results`): the CLI's run and
-report, without a console. Errors are the CLI's: a `ConfigError` with one line naming the
-field."""
+"""The Python API: `raymtl.run`, `raymtl.resume` and `raymtl.load_results`.
+
+`raymtl run` is this module with a progress bar (a `Callback`) and a printed table. An
+experiment is an `ExperimentConfig`, a raw mapping (validated as a YAML file would be) or the
+path of a YAML file; errors are the CLI's: a `ConfigError` with one line naming the field.
+"""
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import yaml
+
+from raymtl.callbacks import Callback
+from raymtl.config import ConfigError, ExperimentConfig, apply_override, load_raw, parse_config
+from raymtl.metrics.recorder import Recorder
+from raymtl.runtime.run_dirs import staging_dir
+from raymtl.runtime.storage import Location, fetch, is_uri
+
+Experiment = ExperimentConfig | Mapping | str | Path
 
 
 @dataclass(frozen=True)
 class Results:
-    """A run's outputs: its resolved config, summary.json and every Parquet table."""
+    """A run's outputs: its resolved config, summary.json and every Parquet table.
+
+    `run_dir` is always a local folder holding them: for a run kept at a URI (`uri`), the
+    staging folder the driver wrote before publishing.
+    """
 
     run_dir: Path
     config: dict
     summary: dict
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    uri: str | None = None
 
     @property
     def clients(self) -> pd.DataFrame:
@@ -31,59 +51,86 @@ class Results:
     def messages(self) -> pd.DataFrame:
         return self.tables["messages"]
 
+    @property
+    def location(self) -> str:
+        """Where the run lives: its URI, or its local folder."""
+        return self.uri or str(self.run_dir)
 
-def run(experiment, overrides: list[str] = (), run_dir: str | Path | None = None) -> Path | str:
-    """Run an experiment (a YAML path, or an `ExperimentConfig`) with `a.b=value` overrides;
-    returns the absolute run directory (or its URI, when output.dir is one) once the summary
-    and plots are written."""
-    from raymtl.config import ExperimentConfig, load_config
-    from raymtl.runtime import run_experiment
 
+def raw_experiment(experiment: Experiment, overrides: Iterable[str] = ()) -> dict:
+    """The experiment as a raw mapping (a copy), with `a.b=value` overrides applied."""
     if isinstance(experiment, ExperimentConfig):
-        cfg = experiment
-        if overrides:
-            from raymtl.config import apply_override, parse_config
-
-            raw = cfg.model_dump(mode="json")
-            for assignment in overrides:
-                apply_override(raw, assignment)
-            cfg = parse_config(raw)
+        raw = experiment.model_dump(mode="json")
+    elif isinstance(experiment, Mapping):
+        raw = copy.deepcopy(dict(experiment))
+    elif isinstance(experiment, str | Path):
+        raw = load_raw(experiment)
     else:
-        cfg = load_config(experiment, list(overrides))
-    return absolute(run_experiment(cfg, run_dir))
+        raise ConfigError(
+            f"experiment: give an ExperimentConfig, a mapping or a YAML path, "
+            f"not {type(experiment).__name__}"
+        )
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return raw
 
 
-def resume(run_dir: str | Path, overrides: list[str] = ()) -> Path:
-    """Continue an interrupted run (only `rounds` may change, and only grow)."""
-    from raymtl.runtime import resume_experiment
+def experiment_config(experiment: Experiment, overrides: Iterable[str] = ()) -> ExperimentConfig:
+    """The validated experiment (an `ExperimentConfig` without overrides is taken as it is)."""
+    overrides = list(overrides)
+    if isinstance(experiment, ExperimentConfig) and not overrides:
+        return experiment
+    return parse_config(raw_experiment(experiment, overrides))
 
-    return absolute(resume_experiment(run_dir, overrides=list(overrides)))
+
+def run(
+    experiment: Experiment,
+    overrides: Iterable[str] = (),
+    callbacks: Iterable[Callback] = (),
+    run_dir: str | Path | None = None,
+) -> Results:
+    """Run every seed of an experiment into a new run directory (or `run_dir`: a path or a
+    URI) and return its results once the summary (and plots, unless `output.plots` is
+    false) are written. `callbacks` run on this process after every round."""
+    from raymtl.runtime import run_experiment  # Ray: only when something runs
+
+    cfg = experiment_config(experiment, overrides)
+    return results_of(run_experiment(cfg, run_dir, callbacks=tuple(callbacks)))
 
 
-def absolute(run_dir) -> Path | str:
-    """A local run directory as an absolute Path; a URI as it is."""
-    return run_dir if "://" in str(run_dir) else Path(run_dir).resolve()
+def resume(
+    run_dir: str | Path, overrides: Iterable[str] = (), callbacks: Iterable[Callback] = ()
+) -> Results:
+    """Continue an interrupted run (a path or a URI) from its last complete checkpoint; only
+    `rounds` (and `runtime`) may change, and rounds only grow."""
+    from raymtl.runtime import resume_experiment  # Ray: only when something runs
+
+    where = resume_experiment(run_dir, overrides=list(overrides), callbacks=tuple(callbacks))
+    return results_of(where)
+
+
+def results_of(where: str | Path) -> Results:
+    """The results the driver just wrote: in the run folder, or a URI run's staging folder."""
+    if not is_uri(where):
+        return read_results(Path(where))
+    return read_results(staging_dir(Location.of(str(where))), uri=str(where))
 
 
 def load_results(run_dir: str | Path) -> Results:
-    """A finished (or interrupted) run's tables as pandas frames, its config and summary."""
-    import json
+    """A finished (or interrupted) run's tables as pandas frames, its config and summary; a run
+    kept at a URI is fetched into its local staging folder first."""
+    if not is_uri(run_dir):
+        return read_results(Path(run_dir))
+    store = Location.of(str(run_dir))
+    local = staging_dir(store)
+    fetch(store, local)
+    return read_results(local, uri=store.uri)
 
-    import yaml
 
-    from raymtl.config import ConfigError
-    from raymtl.metrics.recorder import Recorder
-
-    if "://" in str(run_dir):  # a run kept at a URI: its outputs, fetched to a local folder
-        from raymtl.runtime.api import staging_dir
-        from raymtl.runtime.storage import Location, fetch
-
-        store = Location.of(str(run_dir))
-        run_dir = staging_dir(store)
-        fetch(store, run_dir)
+def read_results(run_dir: Path, uri: str | None = None) -> Results:
     run_dir = Path(run_dir).resolve()
     if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"run_dir: '{run_dir}' has no config.yaml (not a run directory)")
+        raise ConfigError(f"run_dir: '{uri or run_dir}' has no config.yaml (not a run directory)")
     recorder = Recorder.load(run_dir)
     names = {"clients", "rounds", "messages", *(p.stem for p in run_dir.glob("*.parquet"))}
     summary_path = run_dir / "summary.json"
@@ -92,4 +139,5 @@ def load_results(run_dir: str | Path) -> Results:
         config=yaml.safe_load((run_dir / "config.yaml").read_text()),
         summary=json.loads(summary_path.read_text()) if summary_path.is_file() else {},
         tables={name: recorder.table(name) for name in sorted(names)},
+        uri=uri,
     )

@@ -7,9 +7,21 @@ Importing the package imports every module in it, which registers the algorithms
 import importlib
 import pkgutil
 
-from raymtl.algorithms.registry import all_algorithms, get_algorithm, register
+from raymtl.algorithms.registry import (
+    all_algorithms,
+    check_contract,
+    get_algorithm,
+    register,
+    register_algorithm,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["all_algorithms", "get_algorithm", "register"]
+__all__ = [
+    "all_algorithms",
+    "check_contract",
+    "get_algorithm",
+    "register",
+    "register_algorithm",
+]

@@ -1,7 +1,7 @@
 """What every algorithm is made of: messages, phases, state and the hook set.
 
 A round is an ordered list of `Phase`s. A phase names a role (client, server,
-lps, graph), the algorithm method to run (`step(state, inbox, ctx) ->
+lps, graph, leader), the algorithm method to run (`step(state, inbox, ctx) ->
 (state, outbox)`) and which participants of that role run it. The runtime runs
 the phases in order, in parallel across participants, and routes every outbox
 message to its destination's inbox. Algorithms never see Ray: the same methods
@@ -10,8 +10,9 @@ run in one process (InlineExecutor) or in actors (RayExecutor).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -191,63 +192,145 @@ class LocalTrainingParams(Params):
     )
 
 
-class Algorithm:
-    """The hook set. Subclasses declare `name`, `Params`, `shapes` and steps.
+# Allowed values of Algorithm's class attributes and of a Phase's role and `who`
+# (registry.check_contract refuses anything else).
+SHAPES = ("star", "peer", "hierarchical", "none", "groups")
+ROLES: tuple[str, ...] = get_args(Role)
+TASK_SUPPORT = ("same", "labels", "different")
+MODEL_SUPPORT = ("same", "different")
+KEEPS = ("model", "extras")
+WHO = ("all", "sampled", "inbox")  # Phase.who
 
-    Steps are methods named by `Phase.step` with the signature
-    `step(state, inbox: list[Message], ctx: StepContext) -> (state, outbox)`.
+ModelFactory = Callable[[str, int], nn.Module]
+
+
+class Algorithm:
+    """The contract between an algorithm and the runtime: class attributes and hooks.
+
+    A subclass declares `name` and `phases`, and defines every step its phases name. A step
+    is a method `step(state, inbox: list[Message], ctx: StepContext) -> (state, outbox)`;
+    the runtime runs the phases of a round in order and routes each outbox message to its
+    destination's inbox. Every other hook below has a default that suits most algorithms;
+    the runtime calls them and never probes for a method with `hasattr`.
+    `raymtl.algorithms.registry.check_contract` checks a class against this contract when
+    it is registered. The maths of the built-in algorithms is in docs/ALGORITHMS.md.
+
+    Class attributes (allowed values):
+      name            the registry name, used as `algorithm.name` in experiment files
+                      (required; unique).
+      summary         one line shown by `raymtl list`.
+      Params          the typed hyperparameters: a subclass of `Params` (most take
+                      `LocalTrainingParams`, local SGD); `algorithm.params` is validated by it.
+      shapes          the topologies it runs on, the first one being the default: any of
+                      "star" (a server), "peer" (a peer graph: `FederationInfo.mixing`),
+                      "hierarchical" (a server over local parameter servers "lps/<k>"),
+                      "groups" (task groups, no server) and "none" (no communication).
+      uses_graph      True: a "graph" participant (CPU only) runs this algorithm's graph steps.
+      uses_leaders    True: one "leader/<g>" participant per task group; a client holds it
+                      (`StepContext.held_by`) and its traffic is charged to that client.
+      task_support    what tasks the clients may have: "same" (one task of any kind: whole
+                      models are averaged), "labels" (one classification task: the update
+                      uses class labels) or "different" (only a shared backbone travels:
+                      heads, losses and optimisers may differ per task).
+      model_support   "same": every client trains one architecture (tensors are averaged by
+                      name and shape); "different": clients' models may differ.
+      uses_public     True: clients get the public set (`data.public`) as `data.public_x`.
+      keeps           what of a client's `State` persists between rounds: a tuple of
+                      "model" (its weights) and/or "extras". The host keeps only that, as
+                      tensors, and runs steps on a shared working model. Without "model", a
+                      step starts from the model's initial weights (load what the inbox
+                      brings) and the client is evaluated over its round's evaluation_only
+                      message.
+      memory_knobs    for an algorithm whose `persistent_bytes` can refuse a run: the
+                      settings that shrink the state, quoted in the refusal.
     """
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     Params: ClassVar[type[Params]] = LocalTrainingParams
-    shapes: ClassVar[tuple[str, ...]] = ("star",)  # star | peer | hierarchical | none | groups
-    uses_graph: ClassVar[bool] = False  # True: a "graph" participant runs graph steps
-    uses_leaders: ClassVar[bool] = False  # True: one "leader/<g>" participant per task group
-    # What tasks the clients may have: "same" task of any kind (whole models are averaged),
-    # "labels" (the same classification task: the maths uses class labels), or "different"
-    # (only a shared backbone travels: heads, losses and optimisers may differ per task).
+    shapes: ClassVar[tuple[str, ...]] = ("star",)
+    uses_graph: ClassVar[bool] = False
+    uses_leaders: ClassVar[bool] = False
     task_support: ClassVar[str] = "same"
-    # "same": every client trains one architecture (tensors are averaged by name and shape);
-    # "different": clients' models may differ (nothing of a model is averaged across them).
     model_support: ClassVar[str] = "same"
-    uses_public: ClassVar[bool] = False  # True: clients get the public set (data.public)
-    # What of a client's State persists between rounds: its "model" (weights) and/or its
-    # "extras". The host keeps only that, as tensors (spilled beyond runtime.memory_budget),
-    # and runs steps on a shared working model. Without "model", a step gets the model at
-    # its initial weights (load what the inbox brings) and the client is evaluated with its
-    # round's evaluation_only message over it.
+    uses_public: ClassVar[bool] = False
     keeps: ClassVar[tuple[str, ...]] = ("model", "extras")
+    memory_knobs: ClassVar[str] = ""
 
-    def __init__(self, params: Params, model_factory):
+    def __init__(self, params: Params, model_factory: ModelFactory | None):
         self.params = params
-        self.model_factory = model_factory  # (num_classes) -> nn.Module, seeded by the host
+        # (participant, num_classes) -> the seeded model that participant trains (clients
+        # may train different architectures; other roles get `model.name`). None where no
+        # model is ever built (the driver, the resource checks).
+        self.model_factory = model_factory
 
-    def phases(self, round_index: int, ctx_rounds: int) -> list[Phase]:
-        """The ordered phases of round `round_index` (1-based)."""
-        raise NotImplementedError
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # A subclass that changes `train` but inherits a batched `train_batch` (FedAvg's)
+        # would silently train the parent's way under runtime.batch_clients > 1: it gets
+        # the default back, which runs its own `train`.
+        if "train" in cls.__dict__ and "train_batch" not in cls.__dict__:
+            cls.train_batch = Algorithm.train_batch
+
+    def phases(self, round_index: int, rounds: int) -> list[Phase]:
+        """The ordered phases of round `round_index` (1-based) of `rounds`. Required.
+
+        Each `Phase(role, step, who)` names a method of this class; `who` is "all"
+        participants of the role, the round's "sampled" clients, or those with an "inbox".
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not define phases()")
 
     def init_state(self, participant: str, data: Any, federation: FederationInfo) -> State:
-        """Initial state of `participant` (clients get their private `data`)."""
+        """The initial state of `participant` ("client/3", "server", "lps/0", ...).
+
+        Default: a client gets its model from the factory and its private `data`
+        (`data.num_classes` outputs); any other role starts empty.
+        """
         if role_of(participant) == "client":
-            return State(model=self.model_factory(data.num_classes), data=data)
+            return State(model=self.model_factory(participant, data.num_classes), data=data)
         return State()
 
     def eval_model(self, state: State) -> nn.Module:
-        """The model a client is evaluated with (pFedMe overrides: personal model)."""
+        """The model a client is evaluated with after each round. Default: `state.model`
+        (pFedMe evaluates its personal model instead)."""
         return state.model
 
-    # Algorithms whose clients keep large state of their own (Sheaf-FMTL's maps) define
-    # `persistent_bytes(dims, federation) -> bytes per client` with `state_size(model)` giving
-    # a client's d_i, and name the settings that shrink it; the runtime checks the total
-    # against runtime.memory_budget before any actor starts.
-    memory_knobs: ClassVar[str] = ""
+    def train_batch(
+        self, states: list[State], inboxes: list[list[Message]], contexts: list[StepContext]
+    ) -> list[tuple[State, list[Message]]]:
+        """The client step "train" of several clients at once (runtime.batch_clients > 1):
+        one (state, outbox) per client, in order. The results must equal `train`'s.
+
+        Default: `self.train`, client by client. FedAvg and Local override it to train
+        clients of one architecture together (batched.py). A subclass that overrides
+        `train` without overriding `train_batch` gets this default back.
+        """
+        return [
+            self.train(state, inbox, ctx)
+            for state, inbox, ctx in zip(states, inboxes, contexts, strict=True)
+        ]
+
+    def state_size(self, model: nn.Module) -> int:
+        """d_i: the size of a client's state as `persistent_bytes` counts it.
+        Default: the model's number of parameters."""
+        return sum(parameter.numel() for parameter in model.parameters())
+
+    def persistent_bytes(self, dims: list[int], federation: FederationInfo) -> list[int] | None:
+        """Bytes each client keeps beyond its model, from every client's `state_size`
+        (`dims`): the runtime adds them up per host and refuses a run over
+        runtime.memory_budget before any actor starts (naming `memory_knobs`).
+
+        Default None: nothing beyond the model, and the runtime skips the check.
+        """
+        return None
 
     def check_resources(self, federation: FederationInfo, memory_budget: float) -> None:
-        """Refuse (one-line ValueError naming the knob) a federation whose messages or server
-        state would not fit: called before Ray starts, with the run's memory budget."""
+        """Refuse (a one-line ValueError naming the setting to change) a federation whose
+        messages or server state would not fit; called before any actor starts, with the
+        run's memory budget in bytes. Default: accept."""
 
     def rehost(self, participant: str, state: State) -> State:
-        """`participant` restarts on a new host after its host was lost (its state is the
-        fresh one of init_state); an algorithm may take over the role differently."""
+        """`participant` restarts on a new host after its host was lost; `state` is its
+        fresh `init_state`. Default: unchanged. ColNet's task leaders pass the role to
+        the next member of the group."""
         return state

@@ -1,7 +1,7 @@
 """ColNet — decentralized task groups, rotating task leaders, conflict-averse aggregation.
 
 Feng, Kohler, Huertas Celdrán, Bovet and Stiller, "ColNet: Collaborative Optimization in
-Decentralized Federated Multi-task Learning Systems", 2025 (ALGORITHMS.md §4); HCA from
+Decentralized Federated Multi-task Learning Systems", 2025 (docs/ALGORITHMS.md §10–12); HCA from
 FedHCA2 (Lu et al., CVPR 2024). No server: clients of one task form a task group M_g; all
 share the backbone b, heads h_i (outputs, loss, optimiser) are per task and never leave
 their client. Round t < T:
@@ -217,10 +217,15 @@ class ColNet(IntraGroup):
         members, holder = ctx.federation.members(ctx.index), state.extras["holder"]
         successor = next_holder(members, holder, ctx.seed, ctx.round, ctx.index)
         ctx.record(
-            "leaders", group=ctx.index, leader=holder, next_leader=successor,
-            members=len(members), failover=bool(state.extras.pop("failover", False)),
-            aggregate_seconds=time.perf_counter() - began, weights=weights,
-        )  # fmt: skip
+            "leaders",
+            group=ctx.index,
+            leader=holder,
+            next_leader=successor,
+            members=len(members),
+            failover=bool(state.extras.pop("failover", False)),
+            aggregate_seconds=time.perf_counter() - began,
+            weights=weights,
+        )
         announce = {NEXT_LEADER: torch.tensor([successor])}
         update = {**backbone, **announce}  # one payload for all members: stored once
         outbox = [Message(ctx.me, client_name(i), "backbone_update", update) for i in members]

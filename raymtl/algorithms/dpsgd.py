@@ -1,7 +1,8 @@
 """D-PSGD — decentralized parallel SGD over a peer graph.
 
 Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms?",
-NeurIPS 2017 (the local-update variant used as the FMTL papers' baseline).
+NeurIPS 2017 (the local-update variant used as the FMTL papers' baseline;
+docs/ALGORITHMS.md §5).
 
 Round t, every client i in parallel, W the Metropolis–Hastings weights of the
 communication graph (w_ij = 1/(1 + max(deg_i, deg_j)) on edges, w_ii = 1 − Σ_j w_ij):

@@ -1,7 +1,7 @@
 """FedAvg and Local — the two star-shaped references.
 
 McMahan et al., "Communication-Efficient Learning of Deep Networks from
-Decentralized Data", AISTATS 2017.
+Decentralized Data", AISTATS 2017 (docs/ALGORITHMS.md §3, and §4 for Local).
 
 Round t, with S_t the sampled clients (⌈m·N⌉ of N):
     server:          sends w to every i ∈ S_t
@@ -30,6 +30,7 @@ from raymtl.algorithms.batched import can_batch, local_sgd_batched
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
+    load_received,
     load_tensors,
     local_sgd,
     model_tensors,
@@ -41,8 +42,8 @@ def train_local_model(state: State, ctx, params) -> float:
     """One round of plain local SGD on the client's own data (shared by algorithms)."""
     data = state.data
     seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
-    task = getattr(data, "task", None)  # the client's task: its loss and optimiser
-    loss = local_sgd(state.model, data.train_x, data.train_y, params, seed, task=task)
+    # The client's task decides its loss and optimiser (None: cross-entropy, the params' SGD).
+    loss = local_sgd(state.model, data.train_x, data.train_y, params, seed, task=data.task)
     state.extras["train_loss"] = loss
     return loss
 
@@ -51,22 +52,16 @@ def train_local_models(states: list[State], contexts, params) -> None:
     """`train_local_model` for several clients: together (torch.func vmap, batched.py) when
     their architecture, sample count and optimiser allow it, else one after the other."""
     datas = [state.data for state in states]
-    models, tasks = [s.model for s in states], [getattr(d, "task", None) for d in datas]
+    models, tasks = [s.model for s in states], [d.task for d in datas]
     if len(states) < 2 or not can_batch(models, datas, params, tasks):
         for state, ctx in zip(states, contexts, strict=True):
             train_local_model(state, ctx, params)
         return
     seeds = [derive_seed(ctx.seed, ctx.round, ctx.me, "train") for ctx in contexts]
     xs, ys = [d.train_x for d in datas], [d.train_y for d in datas]
-    for state, loss in zip(states, local_sgd_batched(models, xs, ys, params, seeds, tasks),
-                           strict=True):  # fmt: skip
+    losses = local_sgd_batched(models, xs, ys, params, seeds, tasks)
+    for state, loss in zip(states, losses, strict=True):
         state.extras["train_loss"] = loss
-
-
-def start_from_global(state: State, inbox: list[Message]) -> None:
-    """A client that keeps no model starts the round from the one its inbox brings."""
-    for message in inbox:
-        load_tensors(state.model, message.tensors)
 
 
 def by_sender(inbox: list[Message]) -> list[Message]:
@@ -90,26 +85,29 @@ class FedAvg(Algorithm):
 
     def init_state(self, participant, data, federation):
         if participant == SERVER:
-            return State(model=self.model_factory(federation.num_classes[0]))
+            return State(model=self.model_factory(SERVER, federation.num_classes[0]))
         return super().init_state(participant, data, federation)
 
     def broadcast(self, state, inbox, ctx):
         global_model = model_tensors(state.model)  # one payload, stored once for all
-        return state, [Message(SERVER, client_name(i), "global_model", global_model)
-                       for i in ctx.sampled]  # fmt: skip
+        return state, [
+            Message(SERVER, client_name(i), "global_model", global_model) for i in ctx.sampled
+        ]
 
     def train(self, state, inbox, ctx):
-        start_from_global(state, inbox)
+        load_received(state.model, inbox)  # keeps nothing: the round starts from the global w
         train_local_model(state, ctx, self.params)
         return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
 
     def train_batch(self, states, inboxes, contexts):
         """`train` for clients trained together (runtime.batch_clients): the same maths."""
         for state, inbox in zip(states, inboxes, strict=True):
-            start_from_global(state, inbox)
+            load_received(state.model, inbox)
         train_local_models(states, contexts, self.params)
-        return [(s, [Message(c.me, SERVER, "model", model_tensors(s.model))])
-                for s, c in zip(states, contexts, strict=True)]  # fmt: skip
+        return [
+            (state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))])
+            for state, ctx in zip(states, contexts, strict=True)
+        ]
 
     def aggregate(self, state, inbox, ctx):
         samples = ctx.federation.samples
@@ -118,8 +116,10 @@ class FedAvg(Algorithm):
         if average is not None:
             self.merge(state.model, average)
         global_model = model_tensors(state.model)
-        return state, [Message(SERVER, client_name(i), "global_model", global_model, True)
-                       for i in range(ctx.federation.num_clients)]  # fmt: skip
+        everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
+        return state, [
+            Message(SERVER, client_name(i), "global_model", global_model, True) for i in everyone
+        ]
 
     def merge(self, model, average) -> None:
         """How the server's model takes the clients' average (FedAvg: replaced by it)."""

@@ -1,7 +1,7 @@
 """FedMuscle and pairwise InfoNCE: clients align their representations on public data (star).
 
-Paper: "Toward Enhancing Representation Learning in Federated Multi-Task Settings" (ICLR 2026,
-papers/fedmuscle_notes.md); the maths is ALGORITHMS.md §6 and raymtl/algorithms/muscle.py.
+Paper: "Toward Enhancing Representation Learning in Federated Multi-Task Settings" (ICLR
+2026); the maths is docs/ALGORITHMS.md §14–15 and raymtl/algorithms/muscle.py.
 
 Every client n keeps its own model θ^n = (w^n, h^n): w^n = backbone + a projection to d unit
 dims (the representation branch, models/registry.py), h^n its task head. Round t, S_t sampled:
@@ -22,7 +22,6 @@ default) and client n minimises Σ_m InfoNCE(Z^n, Z^m) at temperature τ.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -48,7 +47,7 @@ from raymtl.algorithms.muscle import (
     tuple_targets,
 )
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import derive_seed, is_finite
+from raymtl.algorithms.training import derive_seed, is_finite, sample_size
 
 MIB = 2**20
 
@@ -92,7 +91,7 @@ class RepresentationAlignment(Algorithm):
     def init_state(self, participant, data, federation):
         if role_of(participant) != "client":
             return State()
-        model = self.model_factory(data.num_classes)
+        model = self.model_factory(participant, data.num_classes)
         # Right after the seeded model init: one architecture gets one projection init.
         model.add_representation(self.params.dim)
         return State(model=model, data=data)
@@ -177,9 +176,11 @@ class RepresentationAlignment(Algorithm):
     def check_resources(self, federation, memory_budget):
         p = self.params
         if federation.public_size < p.public_batch:
-            raise ValueError(f"algorithm.params.public_batch: B = {p.public_batch} exceeds "
-                             f"data.public.size ({federation.public_size})")  # fmt: skip
-        sampled = max(1, math.ceil(federation.num_clients * p.sample_fraction))
+            raise ValueError(
+                f"algorithm.params.public_batch: B = {p.public_batch} exceeds "
+                f"data.public.size ({federation.public_size})"
+            )
+        sampled = sample_size(p.sample_fraction, federation.num_clients)
         partners = min(p.partners or federation.num_clients, max(sampled - 1, 1))
         floats, formula = self.downlink_floats(partners)
         per_client, knobs = floats * 4, "lower public_batch (B), partners (M) or dim (d)"

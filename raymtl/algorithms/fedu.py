@@ -1,7 +1,7 @@
 """FedU and dFedU — Laplacian-regularised federated multi-task learning (baselines).
 
 Dinh et al., "A New Look and Convergence Rate of Federated Multi-Task Learning with
-Laplacian Regularization", IEEE TNNLS 2022 (ALGORITHMS.md §2).
+Laplacian Regularization", IEEE TNNLS 2022 (docs/ALGORITHMS.md §6 and §7).
 
 Round t, every participating client k after R = E local epochs of SGD (lr η):
     w_k ← w_k − η·λ·R·Σ_{l∈N(k), l≠k} a_kl·(w_k − w_l)        (all k simultaneously)
@@ -30,7 +30,13 @@ from raymtl.algorithms.base import (
 )
 from raymtl.algorithms.fedavg import by_sender, train_local_model
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import derive_seed, is_finite, load_tensors, model_tensors
+from raymtl.algorithms.training import (
+    derive_seed,
+    is_finite,
+    load_received,
+    load_tensors,
+    model_tensors,
+)
 
 Tensors = dict[str, torch.Tensor]
 
@@ -125,8 +131,7 @@ class FedU(Algorithm):
         return state, [Message(SERVER, client_name(k), "model", w) for k, w in updated.items()]
 
     def receive(self, state, inbox, ctx):
-        for message in inbox:
-            load_tensors(state.model, message.tensors)
+        load_received(state.model, inbox)
         return state, []
 
 

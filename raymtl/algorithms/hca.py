@@ -2,7 +2,7 @@
 
 Lu et al., "FedHCA2: Towards Hetero-Client Federated Multi-Task Learning", CVPR 2024
 (function get_ca_delta), as used by ColNet: Feng et al. 2025, "ColNet: Collaborative
-Optimization in Decentralized Federated Multi-task Learning Systems" (ALGORITHMS.md §4).
+Optimization in Decentralized Federated Multi-task Learning Systems" (docs/ALGORITHMS.md §10).
 
 With K groups, G = [Δ_1 … Δ_K] (each Δ_g a flattened backbone delta of dimension d):
     g0 = mean_g Δ_g,   c = ca_c·‖g0‖   (ca_c = 0.4)

@@ -1,8 +1,8 @@
 """Hierarchical FedAvg — one global parameter server (GPS) over T local ones (LPS).
 
 Liu et al., "Client-Edge-Cloud Hierarchical Federated Learning", ICC 2020; the
-multi-task variant of the one-shot clustering paper (papers/oneshot_clustering_hfl.md)
-shares only the `common` layers globally.
+multi-task variant of Ali & Arafa's one-shot clustering paper shares only the `common`
+layers globally (docs/ALGORITHMS.md §16).
 
 Round t, users U_k assigned to LPS k:
     user i:   w_i ← LocalSGD(w_k, E epochs, lr)                       (sends w_i to LPS k)
@@ -31,7 +31,7 @@ from raymtl.algorithms.base import (
 from raymtl.algorithms.fedavg import by_sender, train_local_model
 from raymtl.algorithms.hierarchy import common_of, lps_broadcast, shape_average, signature
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import load_tensors, model_tensors, weighted_average
+from raymtl.algorithms.training import load_received, model_tensors, weighted_average
 
 
 class HFedAvgParams(LocalTrainingParams):
@@ -56,6 +56,10 @@ class HFedAvg(Algorithm):
     shapes = ("hierarchical",)
     task_support = "different"
 
+    def __init__(self, params, model_factory):
+        super().__init__(params, model_factory)
+        self._model_common: tuple[str, ...] | None = None  # the model's own, once built
+
     def phases(self, round_index, rounds):
         phases = [Phase("client", "train", "all"), Phase("lps", "aggregate", "inbox")]
         if round_index % self.params.global_every == 0:
@@ -65,8 +69,8 @@ class HFedAvg(Algorithm):
     def common_prefixes(self) -> tuple[str, ...]:
         if self.params.common_prefixes is not None:
             return tuple(self.params.common_prefixes)
-        if not hasattr(self, "_model_common"):  # the model's own: build one to ask it
-            self._model_common = tuple(self.model_factory(1).common_prefixes())
+        if self._model_common is None:  # the model's own: build one to ask it
+            self._model_common = tuple(self.model_factory(SERVER, 1).common_prefixes())
         return self._model_common
 
     def train(self, state, inbox, ctx):
@@ -78,8 +82,9 @@ class HFedAvg(Algorithm):
         fed, common = ctx.federation, self.common_prefixes()
         kinds = fed.task_kinds()  # task layers mix only among users of one kind of task
         models = by_sender(inbox)
-        keys = {index_of(m.src): signature(m.tensors, kinds[index_of(m.src)], common)
-                for m in models}  # fmt: skip
+        keys = {
+            index_of(m.src): signature(m.tensors, kinds[index_of(m.src)], common) for m in models
+        }
         updates = [(m.tensors, fed.samples[index_of(m.src)], keys[index_of(m.src)]) for m in models]
         state.extras["model"], state.extras["keys"] = shape_average(updates), keys
         if ctx.round % self.params.global_every != 0 or not models:
@@ -101,6 +106,5 @@ class HFedAvg(Algorithm):
         return state, lps_broadcast(state, inbox, keys, ctx.me)
 
     def receive(self, state, inbox, ctx):
-        for message in inbox:
-            load_tensors(state.model, message.tensors)
+        load_received(state.model, inbox)
         return state, []

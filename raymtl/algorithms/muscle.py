@@ -1,4 +1,4 @@
-"""The Muscle loss of FedMuscle (ALGORITHMS.md §6) and pairwise InfoNCE, as tensor functions.
+"""The Muscle loss of FedMuscle (docs/ALGORITHMS.md §14) and pairwise InfoNCE, as tensor functions.
 
 Anchor client n, partners m_1..m_M, unit rows z (d dims) on the same B public samples:
 

@@ -1,7 +1,7 @@
 """One-shot data-similarity clustering for multi-task hierarchical FL (GPS + T LPSs).
 
 Ali & Arafa, "Data Similarity-Based One-Shot Clustering for Multi-Task Hierarchical
-Federated Learning" (papers/oneshot_clustering_hfl.md); ALGORITHMS.md §7.
+Federated Learning"; docs/ALGORITHMS.md §17.
 
 Round 1, clustering (only eigenvectors and relevance values travel):
     user i:  Σ_i = Φ(X_i)ᵀΦ(X_i)/n_i, (λ_i, V_i) top-k eigenpairs     (V_i ∈ R^{k×d} to every j)
@@ -49,7 +49,7 @@ from raymtl.algorithms.hierarchy import (
     signature,
 )
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import derive_seed, load_tensors, model_tensors
+from raymtl.algorithms.training import derive_seed, load_received, model_tensors
 from raymtl.data.features import feature_map
 from raymtl.graph import clustering as hac
 
@@ -86,6 +86,10 @@ class OneShotHFL(Algorithm):
     uses_graph = True
     task_support = "different"
 
+    def __init__(self, params, model_factory):
+        super().__init__(params, model_factory)
+        self._model_common: tuple[str, ...] | None = None  # the model's own, once built
+
     def phases(self, round_index, rounds):
         phases = self.clustering_phases() if round_index == 1 else []
         phases += [Phase("client", "train", "all"), Phase("lps", "aggregate", "inbox")]
@@ -114,9 +118,13 @@ class OneShotHFL(Algorithm):
         values, vectors = hac.top_eigenpairs(gram, self.params.num_eigen)
         state.extras["gram"], state.extras["eigenvalues"] = gram, values
         ctx.record(
-            "oneshot_features", client=ctx.index, feature_map=used, dim=int(phi.shape[1]),
-            k=int(values.size), samples=int(phi.shape[0]),
-        )  # fmt: skip
+            "oneshot_features",
+            client=ctx.index,
+            feature_map=used,
+            dim=int(phi.shape[1]),
+            k=int(values.size),
+            samples=int(phi.shape[0]),
+        )
         shared = {"eigenvectors": torch.from_numpy(vectors.T.astype(np.float32))}  # (k, d)
         peers = [j for j in range(ctx.federation.num_clients) if j != ctx.index]
         return state, [Message(ctx.me, client_name(j), "eigenvectors", shared) for j in peers]
@@ -147,8 +155,9 @@ class OneShotHFL(Algorithm):
         similarity = message.tensors["R"].double().numpy()
         labels, z = hac.hac_clusters(similarity, ctx.federation.num_lps, self.params.linkage)
         for step, (a, b, distance, size) in enumerate(z.tolist()):
-            ctx.record("oneshot_linkage", step=step, a=int(a), b=int(b), distance=distance,
-                       size=int(size))  # fmt: skip
+            ctx.record(
+                "oneshot_linkage", step=step, a=int(a), b=int(b), distance=distance, size=int(size)
+            )
         state.extras["hac"] = labels.tolist()
         if self.params.clustering == "random":
             labels = hac.random_same_sizes(labels, derive_seed(ctx.seed, "random-clusters"))
@@ -166,8 +175,13 @@ class OneShotHFL(Algorithm):
             assignment = lps_of(message.tensors["clusters"].tolist())
         state.extras["lps_of_client"] = assignment
         for i, k in enumerate(assignment):
-            ctx.record("oneshot_clusters", client=i, lps=k, task=int(fed.tasks[i]),
-                       method=self.params.clustering)  # fmt: skip
+            ctx.record(
+                "oneshot_clusters",
+                client=i,
+                lps=k,
+                task=int(fed.tasks[i]),
+                method=self.params.clustering,
+            )
         outbox = []
         for k in range(fed.num_lps):
             users = [i for i, c in enumerate(assignment) if c == k]
@@ -189,8 +203,8 @@ class OneShotHFL(Algorithm):
     def common_prefixes(self) -> tuple[str, ...]:
         if self.params.common_prefixes is not None:
             return tuple(self.params.common_prefixes)
-        if not hasattr(self, "_model_common"):
-            self._model_common = tuple(self.model_factory(1).common_prefixes())
+        if self._model_common is None:  # the model's own: build one to ask it
+            self._model_common = tuple(self.model_factory(SERVER, 1).common_prefixes())
         return self._model_common
 
     def aggregate(self, state, inbox, ctx):
@@ -201,8 +215,9 @@ class OneShotHFL(Algorithm):
                 state.extras["members"] = message.tensors["members"].tolist()
         # Task layers mix only among users whose tasks are of one kind (never across kinds).
         common, tasks = self.common_prefixes(), ctx.federation.task_kinds()
-        keys = {index_of(m.src): signature(m.tensors, tasks[index_of(m.src)], common)
-                for m in models}  # fmt: skip
+        keys = {
+            index_of(m.src): signature(m.tensors, tasks[index_of(m.src)], common) for m in models
+        }
         updates = [(m.tensors, samples[index_of(m.src)], keys[index_of(m.src)]) for m in models]
         state.extras["model"], state.extras["shapes"] = shape_average(updates), keys
         if ctx.round % self.params.global_every != 0 or not models:
@@ -225,6 +240,5 @@ class OneShotHFL(Algorithm):
         return state, lps_broadcast(state, inbox, keys, ctx.me)
 
     def receive(self, state, inbox, ctx):
-        for message in inbox:
-            load_tensors(state.model, message.tensors)
+        load_received(state.model, inbox)
         return state, []

@@ -1,7 +1,7 @@
 """pFedMe — personalised FL with Moreau envelopes (baseline).
 
 Dinh, Tran and Nguyen, "Personalized Federated Learning with Moreau Envelopes",
-NeurIPS 2020 (ALGORITHMS.md §3).
+NeurIPS 2020 (docs/ALGORITHMS.md §8).
 
 Round t, sampled client k starts from the global w (w_k ← w, θ̃ ← w); for every batch D:
     K times:  θ̃ ← θ̃ − η_p·(∇f(θ̃; D) + λ·(θ̃ − w_k))
@@ -21,13 +21,9 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message
-from raymtl.algorithms.fedavg import FedAvg, start_from_global
+from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import (
-    derive_seed,
-    load_tensors,
-    model_tensors,
-)
+from raymtl.algorithms.training import derive_seed, load_received, load_tensors, model_tensors
 
 
 class PFedMeParams(LocalTrainingParams):
@@ -98,6 +94,7 @@ class PFedMe(FedAvg):
     Params = PFedMeParams
     shapes = ("star",)
     task_support = "labels"  # the update uses class labels (cross-entropy)
+    keeps = ("extras",)  # θ̃; w_k ← w arrives with each round
 
     def eval_model(self, state):
         if "personal" not in state.extras:
@@ -107,18 +104,12 @@ class PFedMe(FedAvg):
         load_tensors(personal, state.extras["personal"])
         return personal
 
-    keeps = ("extras",)  # θ̃; w_k ← w arrives with each round
-
     def train(self, state, inbox, ctx):
-        start_from_global(state, inbox)
+        load_received(state.model, inbox)  # w_k ← w
         seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
         personal = pfedme_train(state.model, state.data, self.params, seed)
         state.extras["personal"] = model_tensors(personal)
         return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
-
-    def train_batch(self, states, inboxes, contexts):
-        """No batched path for pFedMe's two-model update: one client after the other."""
-        return [self.train(*step) for step in zip(states, inboxes, contexts, strict=True)]
 
     def merge(self, model, average) -> None:
         """w ← (1−β)·w_prev + β·Σ_k (n_k/n)·w_k."""

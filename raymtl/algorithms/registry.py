@@ -7,24 +7,112 @@
 
 Everything else (config validation, the CLI's `list`, the runtime hosts) looks
 algorithms up here, so adding an algorithm never touches an if/elif chain.
+`register` checks the class against the contract of `Algorithm` first
+(`check_contract`), so a broken plugin fails where it is defined, in one line.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pydantic import ValidationError
 
-if TYPE_CHECKING:
-    from raymtl.algorithms.base import Algorithm
+from raymtl.algorithms.base import (
+    KEEPS,
+    MODEL_SUPPORT,
+    ROLES,
+    SHAPES,
+    TASK_SUPPORT,
+    WHO,
+    Algorithm,
+    Params,
+)
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator: make `cls` available under `cls.name`."""
-    if cls.name in ALGORITHMS:
-        raise ValueError(f"algorithm.name: '{cls.name}' is registered twice")
+    """Class decorator: check `cls` against the contract, then make it available under
+    `cls.name`. Re-running the module that defines it (a plugin imported again) replaces
+    the entry; another class under a taken name is refused."""
+    check_contract(cls)
+    known = ALGORITHMS.get(cls.name)
+    if known is not None and _identity(known) != _identity(cls):
+        raise ValueError(
+            f"algorithm.name: '{cls.name}' is registered twice "
+            f"({_identity(known)} and {_identity(cls)})"
+        )
     ALGORITHMS[cls.name] = cls
     return cls
+
+
+register_algorithm = register
+
+
+def check_contract(cls: type) -> None:
+    """Raise a one-line ValueError naming `cls` and what breaks the `Algorithm` contract."""
+    where = f"algorithm class {_identity(cls)}"
+    problem = _contract_problem(cls)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+
+
+def _contract_problem(cls: type) -> str | None:
+    """What is wrong with `cls` as an algorithm, or None."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        return "is not a subclass of raymtl.algorithms.base.Algorithm"
+    name = vars(cls).get("name")
+    if not isinstance(name, str) or not name.strip():
+        inherited = getattr(cls, "name", None)
+        also = f" (it would inherit '{inherited}')" if isinstance(inherited, str) else ""
+        return f"declares no `name` (the string experiment files use as algorithm.name){also}"
+    if not (isinstance(cls.Params, type) and issubclass(cls.Params, Params)):
+        return f"Params is {cls.Params!r}, not a subclass of raymtl.algorithms.base.Params"
+    attributes = [("shapes", cls.shapes, SHAPES), ("keeps", cls.keeps, KEEPS)]
+    for attribute, values, allowed in attributes:
+        if not isinstance(values, tuple) or not set(values) <= set(allowed):
+            return f"{attribute} = {values!r}: a tuple of {', '.join(allowed)}"
+    if not cls.shapes:
+        return f"shapes is empty: name at least one of {', '.join(SHAPES)}"
+    supports = [
+        ("task_support", cls.task_support, TASK_SUPPORT),
+        ("model_support", cls.model_support, MODEL_SUPPORT),
+    ]
+    for attribute, value, allowed in supports:
+        if value not in allowed:
+            return f"{attribute} = {value!r} is not one of {', '.join(allowed)}"
+    if cls.phases is Algorithm.phases:
+        return "does not define phases(round_index, rounds)"
+    return _steps_problem(cls)
+
+
+def _steps_problem(cls: type[Algorithm]) -> str | None:
+    """A phase of round 1 or 2 (of 2) with an unknown role or `who`, or naming a step that
+    `cls` does not define (checked with the default params)."""
+    try:
+        algorithm = cls(cls.Params(), None)
+    except ValidationError:
+        return None  # fields without defaults: the phases can only be known from a config
+    for round_index in (1, 2):
+        try:
+            phases = list(algorithm.phases(round_index, 2))
+        except Exception as error:
+            text = str(error).splitlines()[0] if str(error) else ""
+            return f"phases({round_index}, 2) raised {type(error).__name__}: {text}"
+        for phase in phases:
+            if phase.role not in ROLES:
+                return f"a phase has role '{phase.role}', not one of {', '.join(ROLES)}"
+            if phase.who not in WHO:
+                return f"phase '{phase.step}' has who '{phase.who}', not one of {', '.join(WHO)}"
+            if not callable(getattr(cls, phase.step, None)):
+                return (
+                    f"phases({round_index}, 2) names step '{phase.step}' ({phase.role}), "
+                    "which it does not define"
+                )
+    return None
+
+
+def _identity(cls) -> str:
+    """module.QualifiedName of a class (what tells a re-import from another class)."""
+    return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', repr(cls))}"
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

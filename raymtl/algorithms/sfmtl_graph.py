@@ -1,6 +1,6 @@
 """SFMTL-Graph — selective federated multi-task learning over a dynamic similarity graph.
 
-Paper: "SFMTL-Graph" (papers/sfmtl_graph.txt); the maths is ALGORITHMS.md §1.
+Paper: "SFMTL-Graph"; the maths is docs/ALGORITHMS.md §9.
 
 Round t, S_t = ⌈m·N⌉ sampled clients; client i holds backbone φ_i, linear head h_i and an
 anchor A_i (one row per class, d = backbone output; round 1: seeded N(0,1) rows, L2-normed):

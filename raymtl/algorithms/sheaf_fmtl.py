@@ -1,7 +1,7 @@
 """Sheaf-FMTL — sheaf-Laplacian regularisation over a peer graph (models may differ).
 
 Ben Issaid et al., "Tackling Feature and Sample Heterogeneity in Decentralized Multi-Task
-Learning: A Sheaf-Theoretic Approach" (papers/sheaf_fmtl.txt; ALGORITHMS.md §5).
+Learning: A Sheaf-Theoretic Approach" (docs/ALGORITHMS.md §13).
 
     min Σ_i f_i(θ_i) + (λ/2)·Σ_{(i,j)∈E} ‖P_ij θ_i − P_ji θ_j‖²
 
@@ -123,13 +123,13 @@ class SheafFMTL(Algorithm):
         """d_i: the entries of θ this model gives."""
         return self.flat_theta(model).numel()
 
-    def persistent_bytes(self, dims: list[int], federation) -> list[int]:
+    def persistent_bytes(self, dims: list[int], fed) -> list[int]:
         """Bytes of each client's maps: Σ_j d_ij·d_i float32 values."""
+        gamma = self.params.gamma
         return [
-            4 * sum(interaction_dim(dims[i], dims[j], self.params.gamma) * dims[i]
-                    for j in federation.neighbours(i))
-            for i in range(federation.num_clients)
-        ]  # fmt: skip
+            4 * dims[i] * sum(interaction_dim(dims[i], dims[j], gamma) for j in fed.neighbours(i))
+            for i in range(fed.num_clients)
+        ]
 
     # -- steps -----------------------------------------------------------------------------
     def announce_dim(self, state, inbox, ctx):
@@ -161,7 +161,7 @@ class SheafFMTL(Algorithm):
     def train(self, state, inbox, ctx):
         if ctx.round == 1 or "maps" not in state.extras:
             self.init_maps(state, inbox, ctx)
-        task = getattr(state.data, "task", None)
+        task = state.data.task
         seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
         data, hook = state.data, l2_loss(self.params.l2, task)
         state.extras["train_loss"] = local_sgd(

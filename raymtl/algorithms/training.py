@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
+from fractions import Fraction
 
 import torch
 from torch import nn
 
-from raymtl.algorithms.base import LocalTrainingParams
+from raymtl.algorithms.base import LocalTrainingParams, Message
 from raymtl.tasks.objectives import build_optimizer, evaluate_task, task_loss
 from raymtl.tasks.spec import OptimizerSpec, TaskSpec
 
@@ -28,6 +30,13 @@ def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from any printable parts (independent of PYTHONHASHSEED)."""
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def sample_size(fraction: float, num_clients: int) -> int:
+    """⌈m·N⌉ clients a round, from the decimal the user wrote for m: 0.28 of 25 clients is 7,
+    where the float product (7.000000000000001) would round up to 8. At least one client."""
+    exact = Fraction(repr(float(fraction))) * num_clients
+    return min(num_clients, max(1, math.ceil(exact)))
 
 
 def params_optimizer(params: LocalTrainingParams) -> OptimizerSpec:
@@ -95,6 +104,13 @@ def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     state = model.state_dict()
     for name, value in tensors.items():
         state[name].copy_(value)
+
+
+def load_received(model: nn.Module, inbox: Sequence[Message]) -> None:
+    """Load what every received message carries into `model`, in inbox order (entries no
+    message names keep their values): a global model, an LPS's model, a regularised one."""
+    for message in inbox:
+        load_tensors(model, message.tensors)
 
 
 def is_finite(tensors: dict[str, torch.Tensor]) -> bool:

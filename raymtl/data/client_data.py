@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from raymtl.data.partitions import ClientShard
-from raymtl.data.sources import Pool
+from raymtl.data.shards import ClientShard
+from raymtl.data.source_registry import Pool
+from raymtl.tasks.registry import compute_targets, get_target
 from raymtl.tasks.spec import TaskSpec
 
 PATCH = 2  # side of the square patches that masking drops
@@ -80,13 +81,15 @@ def _features(
     return x.contiguous()
 
 
-def _targets(pool: Pool, idx: np.ndarray, shard: ClientShard, task: TaskSpec | None):
-    """Labels (relabelled to the task's classes), or the task's per-image target table."""
-    if task is None or task.targets == "label":
-        return _relabel(_take(pool.y, idx), shard.task_classes, pool.num_classes)
-    from raymtl.tasks.targets import TARGET_BUILDERS
+def _from_labels(task: TaskSpec | None) -> bool:
+    return task is None or get_target(task.targets).from_labels
 
-    return _take(TARGET_BUILDERS[task.targets](pool).values, idx)
+
+def _targets(pool: Pool, idx: np.ndarray, shard: ClientShard, task: TaskSpec | None):
+    """Labels (relabelled to the task's classes), or the task's per-sample target table."""
+    if _from_labels(task):
+        return _relabel(_take(pool.y, idx), shard.task_classes, pool.num_classes)
+    return _take(compute_targets(task.targets, pool).values, idx)
 
 
 def materialize(
@@ -101,7 +104,7 @@ def materialize(
     train_y = _targets(pool, shard.train_idx, shard, task)
     test_y = _targets(pool, shard.test_idx, shard, task)
     num_classes = len(shard.task_classes) if shard.task_classes else pool.num_classes
-    if task is not None and task.targets != "label":
+    if not _from_labels(task):
         num_classes = task.outputs
     input_shape = tuple(int(size) for size in train_x.shape[1:])
     return ClientData(train_x, train_y, test_x, test_y, num_classes, input_shape, task)

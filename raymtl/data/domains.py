@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raymtl.data.partitions import ClientShard, partition_clients
-from raymtl.data.sources import Pool
+from raymtl.data.source_registry import Pool
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Φ: the feature map users apply to their own images before the one-shot clustering.
 
-Ali & Arafa (papers/oneshot_clustering_hfl.md): Φ = identity on 28×28 grey images
+Ali & Arafa (docs/ALGORITHMS.md, One-shot clustering HFL): Φ = identity on 28×28 grey images
 (d = 784); for colour images the convolutional features of an ImageNet-pretrained
 ResNet-18 (d = 512). Here the pretrained weights are only used when they are already
 in the local torch hub cache (nothing is downloaded); otherwise Φ(x) = P·vec(x) with a

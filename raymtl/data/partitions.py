@@ -1,15 +1,22 @@
 """Federated partitions: which pool samples each client holds, and its rotation group and task.
 
 Every label-skew kind reduces to a (num_classes, num_clients) affinity matrix; each class's
-samples are then split among its clients in proportion to affinity x quantity weight.
+samples are then split among its clients in proportion to affinity x quantity weight (see
+partition_registry.py, which also registers kinds from plugins). The majority-task splits
+(task_splits.py) build their shards themselves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
+from raymtl.data.partition_registry import (
+    PARTITIONS,
+    REQUIRED,
+    PartitionSpec,
+    get_partition,
+    register_partition,
+)
 from raymtl.data.shards import (
     MIN_TEST,
     MIN_TRAIN,
@@ -22,9 +29,8 @@ from raymtl.data.shards import (
     train_test_split,
     validate_sizes,
 )
-from raymtl.data.task_splits import TASK_SPLITS
 
-__all__ = ["PARTITIONS", "ClientShard", "partition_clients"]  # ClientShard: from shards.py
+__all__ = ["PARTITIONS", "ClientShard", "partition_clients", "register_partition"]
 
 # Dirichlet clients are topped up to this many samples (the usual NIID-Bench floor) when the
 # dataset is large enough, so no client is left with a handful of samples.
@@ -39,25 +45,41 @@ def _assign_classes(affinity: np.ndarray, class_ids, clients, k: int, rng) -> No
         affinity[order[(position * k + np.arange(k)) % order.size], client] = 1.0
 
 
-def _iid(class_counts: np.ndarray, num_clients: int, rng, **_) -> np.ndarray:
+@register_partition("iid")
+def _iid(class_counts: np.ndarray, num_clients: int, rng) -> np.ndarray:
     """IID: every client draws every class in the same proportion (quantity equal: sizes +-1)."""
     return np.ones((class_counts.size, num_clients))
 
 
-def _classes_per_client(class_counts, num_clients, rng, *, classes_per_client, **_):
+@register_partition("classes_per_client", holds_every_class=True)
+def _classes_per_client(class_counts, num_clients, rng, *, classes_per_client) -> np.ndarray:
     """Pathological label skew: each client holds exactly classes_per_client classes."""
+    k = classes_per_client
+    if k is None:
+        raise fail("classes_per_client", "null (all classes of the task) is for 'task_groups'")
+    if k < 1:
+        raise fail("classes_per_client", f"{k} must be >= 1")
+    if k > class_counts.size:
+        raise fail(
+            "classes_per_client", f"{k} exceeds the {class_counts.size} classes of the dataset"
+        )
     affinity = np.zeros((class_counts.size, num_clients))
-    _assign_classes(affinity, range(class_counts.size), range(num_clients), classes_per_client, rng)
+    _assign_classes(affinity, range(class_counts.size), range(num_clients), k, rng)
     return affinity
 
 
-def _dirichlet(class_counts, num_clients, rng, *, alpha, **_):
+@register_partition("dirichlet")
+def _dirichlet(class_counts, num_clients, rng, *, alpha) -> np.ndarray:
     """Dirichlet label skew: per class, client shares ~ Dir(alpha); small alpha, more skew."""
+    if not alpha > 0:
+        raise fail("alpha", f"{alpha} must be > 0")
     return rng.dirichlet(np.full(num_clients, alpha), size=class_counts.size)
 
 
-def _task_groups(class_counts, num_clients, rng, *, classes_per_client, task_classes, **_):
+@register_partition("task_groups", assigns_tasks=True, holds_every_class=True)
+def _task_groups(class_counts, num_clients, rng, *, classes_per_client, task_classes):
     """Tasks over disjoint class sets; client i solves task i % T with labels 0..C_t-1."""
+    _check_task_classes(task_classes, class_counts.size, num_clients, classes_per_client)
     affinity = np.zeros((class_counts.size, num_clients))
     for task, classes in enumerate(task_classes):
         clients = np.arange(task, num_clients, len(task_classes))
@@ -68,41 +90,9 @@ def _task_groups(class_counts, num_clients, rng, *, classes_per_client, task_cla
     return affinity
 
 
-PARTITIONS: dict[str, Callable[..., np.ndarray]] = {
-    "iid": _iid,
-    "classes_per_client": _classes_per_client,
-    "dirichlet": _dirichlet,
-    "task_groups": _task_groups,
-    **TASK_SPLITS,  # majority-task splits (task_splits.py) build their own shards
-}
-# Kinds whose clients must hold at least one sample of every class assigned to them.
-_STRICT_KINDS = ("classes_per_client", "task_groups")
-
-
-def _validate_label_skew(labels, num_classes, num_clients, kind, k, alpha) -> None:
-    if kind not in PARTITIONS:
-        raise fail("kind", f"{kind!r} is not one of {', '.join(PARTITIONS)}")
-    if num_clients < 1:
-        raise fail("num_clients", f"{num_clients} must be >= 1")
-    if labels.ndim != 1 or labels.size == 0 or labels.min() < 0 or labels.max() >= num_classes:
-        raise fail("labels", f"must be a non-empty 1-D array of class ids in 0..{num_classes - 1}")
-    if num_clients > labels.size:
-        raise fail("num_clients", f"{num_clients} clients exceed the {labels.size} samples")
-    if k is None and kind != "task_groups":
-        raise fail("classes_per_client", "null (all classes of the task) is for 'task_groups'")
-    if kind in _STRICT_KINDS and k is not None and k < 1:
+def _check_task_classes(task_classes, num_classes: int, num_clients: int, k) -> None:
+    if k is not None and k < 1:
         raise fail("classes_per_client", f"{k} must be >= 1")
-    if kind == "classes_per_client" and k > num_classes:
-        raise fail("classes_per_client", f"{k} exceeds the {num_classes} classes of the dataset")
-    if kind == "dirichlet" and not alpha > 0:
-        raise fail("alpha", f"{alpha} must be > 0")
-
-
-def _validate_tasks(task_classes, kind, num_classes, num_clients, k) -> None:
-    if kind != "task_groups":
-        if task_classes is not None:
-            raise fail("task_classes", f"only used with kind 'task_groups', not {kind!r}")
-        return
     if not task_classes:
         raise fail("task_classes", "required (a list of class lists) for kind 'task_groups'")
     if num_clients < len(task_classes):
@@ -119,6 +109,44 @@ def _validate_tasks(task_classes, kind, num_classes, num_clients, k) -> None:
         if k is not None and k > len(classes):
             problem = f"{k} exceeds the {len(classes)} classes of task {task}"
             raise fail("classes_per_client", problem)
+
+
+def _check_labels(labels: np.ndarray, num_classes: int, num_clients: int) -> None:
+    if num_clients < 1:
+        raise fail("num_clients", f"{num_clients} must be >= 1")
+    if labels.ndim != 1 or labels.size == 0 or labels.min() < 0 or labels.max() >= num_classes:
+        raise fail("labels", f"must be a non-empty 1-D array of class ids in 0..{num_classes - 1}")
+    if num_clients > labels.size:
+        raise fail("num_clients", f"{num_clients} clients exceed the {labels.size} samples")
+
+
+def _kind_params(kind: str, spec: PartitionSpec, options: dict, params: dict) -> dict:
+    """The values of the kind's own parameters: data.partition's field of the same name, else
+    data.partition.params, else the function's default."""
+    if options.get("task_classes") is not None and "task_classes" not in spec.params:
+        raise fail("task_classes", f"only used with kind 'task_groups', not {kind!r}")
+    for key in params:
+        if key not in spec.params:
+            allowed = ", ".join(spec.params) or "none"
+            raise fail(f"params.{key}", f"not a parameter of kind {kind!r} (allowed: {allowed})")
+    values = {}
+    for name, default in spec.params.items():
+        if name in params:
+            values[name] = params[name]
+        elif name in options:
+            values[name] = options[name]
+        elif default is REQUIRED:
+            raise fail(f"params.{name}", f"required by kind {kind!r}")
+    return values
+
+
+def _check_affinity(kind: str, affinity: object, shape: tuple[int, int]) -> np.ndarray:
+    affinity = np.asarray(affinity, dtype=float)
+    if affinity.shape != shape or not np.isfinite(affinity).all() or (affinity < 0).any():
+        raise fail("kind", f"{kind!r} must return a {shape} affinity of finite values >= 0")
+    if not (affinity.sum(axis=0) > 0).any():
+        raise fail("kind", f"{kind!r} gave no client any class")
+    return affinity
 
 
 def _allocate(total: int, proportions: np.ndarray, min_one: bool, start: int = 0) -> np.ndarray:
@@ -207,28 +235,48 @@ def partition_clients(
     mask_probs: list[float] | None = None,
     test_fraction: float = 0.2,
     max_samples_per_client: int | None = None,
-    **task_split,  # task_users, minority_fraction: the TASK_SPLITS kinds only
+    params: dict | None = None,  # the kind's own parameters (data.partition.params)
+    **task_split,  # task_users, minority_fraction: the majority-task splits only
 ) -> list[ClientShard]:
     """Split a pool's labels into per-client train/test shards; deterministic in `seed`."""
-    if kind in TASK_SPLITS:
-        return TASK_SPLITS[kind](**locals())
+    spec = get_partition(kind)
+    options = {
+        "num_clients": num_clients,
+        "kind": kind,
+        "seed": seed,
+        "classes_per_client": classes_per_client,
+        "alpha": alpha,
+        "task_classes": task_classes,
+        "quantity": quantity,
+        "quantity_sigma": quantity_sigma,
+        "quantity_exponent": quantity_exponent,
+        "rotations": rotations,
+        "mask_probs": mask_probs,
+        "test_fraction": test_fraction,
+        "max_samples_per_client": max_samples_per_client,
+    }
+    if spec.shards:
+        return spec.build(
+            labels, num_classes, **options, params=params or {}, task_split=task_split
+        )
     labels = np.asarray(labels, dtype=np.int64)
-    _validate_label_skew(labels, num_classes, num_clients, kind, classes_per_client, alpha)
-    _validate_tasks(task_classes, kind, num_classes, num_clients, classes_per_client)
+    _check_labels(labels, num_classes, num_clients)
+    kind_params = _kind_params(kind, spec, options, params or {})
     cap = max_samples_per_client
     validate_sizes(quantity, quantity_sigma, quantity_exponent, test_fraction, cap)
     groups = group_settings(rotations, mask_probs)
     rng = np.random.default_rng(seed)
     weights = quantity_weights(quantity, num_clients, quantity_sigma, quantity_exponent, rng)
     class_counts = np.bincount(labels, minlength=num_classes)
-    affinity = PARTITIONS[kind](
-        class_counts, num_clients, rng,
-        classes_per_client=classes_per_client, alpha=alpha, task_classes=task_classes,
-    )  # fmt: skip
-    if kind in _STRICT_KINDS:
+    affinity = spec.build(class_counts, num_clients, rng, **kind_params)
+    affinity = _check_affinity(kind, affinity, (num_classes, num_clients))
+    if spec.holds_every_class:
         _check_holders(class_counts, affinity)
-    client_idx = _split_by_class(labels, affinity, weights, rng, kind != "dirichlet", kind == "iid")
-    if kind == "dirichlet":
+    # 0/1 affinities are memberships, anything else shares (see partition_registry.py).
+    membership = bool(np.isin(affinity, (0.0, 1.0)).all())
+    every_class = membership and bool((affinity == 1.0).all())
+    client_idx = _split_by_class(labels, affinity, weights, rng, membership, every_class)
+    if not membership:
         floor = max(MIN_TRAIN + MIN_TEST, min(DIRICHLET_MIN_SAMPLES, labels.size // num_clients))
         _top_up(client_idx, floor, rng)
     shards = []

@@ -1,20 +1,20 @@
-"""Dataset sources: each loads a whole dataset into one in-memory `Pool`.
-
-The pool joins the official train and test splits; the federation re-splits it per client.
+"""The built-in dataset sources: sklearn's digits, MNIST, Fashion-MNIST, CIFAR-10/100 (each
+joining its official train and test splits) and seeded synthetic images. Each is registered
+(`register_dataset`, source_registry.py) under the name `data.name` gives it.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from raymtl.data.source_registry import DatasetMissing, Pool, register_dataset
 
 # torchvision is imported inside the loaders that need it: importing it costs seconds, and
 # every client actor imports this module (digits and synthetic do not need it).
@@ -30,23 +30,6 @@ _IDX_SPLITS = (
 )
 
 
-@dataclass(frozen=True)
-class Pool:
-    """A whole dataset in memory: compact samples plus what is needed to decode them."""
-
-    x: torch.Tensor  # (N, C, H, W); uint8 for images, float32 for synthetic
-    y: torch.Tensor  # (N,) int64
-    num_classes: int
-    class_names: tuple[str, ...]
-    scale: float  # x.float() / scale lies in [0, 1]
-    source: str  # where the data actually came from (a directory, "sklearn", "synthetic")
-    test_start: int | None = None  # first sample of the official test split (None: no split)
-
-
-class DatasetMissing(ValueError):
-    """The dataset is not on disk and may not be downloaded."""
-
-
 def _missing(name: str, root: str | None, download: bool, error: Exception) -> DatasetMissing:
     looked = repr(root) if root else f"{DEFAULT_CACHE_ROOT} (data.root unset)"
     apt = ", apt-get install dataset-fashion-mnist" if name == "fashion_mnist" else ""
@@ -57,6 +40,7 @@ def _missing(name: str, root: str | None, download: bool, error: Exception) -> D
     )
 
 
+@register_dataset("digits")
 def _load_digits(root: str | None = None, download: bool = False) -> Pool:
     """sklearn's bundled 8x8 digits (1797 images, values 0..16)."""
     from sklearn.datasets import load_digits
@@ -124,6 +108,7 @@ def _pool_from_torchvision(name: str, dataset: type, root: str | None, download:
     return Pool(x, y, len(names), names, 255.0, folder, len(splits[0].targets))
 
 
+@register_dataset("fashion_mnist")
 def _load_fashion_mnist(root: str | None = None, download: bool = False) -> Pool:
     """Fashion-MNIST: `root`, then Debian's package, then torchvision (optionally downloading)."""
     candidates = [Path(root), Path(root) / "FashionMNIST" / "raw"] if root else []
@@ -135,6 +120,7 @@ def _load_fashion_mnist(root: str | None = None, download: bool = False) -> Pool
     return _pool_from_torchvision("fashion_mnist", tvd.FashionMNIST, root, download)
 
 
+@register_dataset("mnist")
 def _load_mnist(root: str | None = None, download: bool = False) -> Pool:
     """MNIST through torchvision (root/MNIST/raw/)."""
     import torchvision.datasets as tvd
@@ -164,16 +150,19 @@ def _files_present(name: str) -> type:
     return type(f"{name}Present", (base,), namespace)
 
 
+@register_dataset("cifar10")
 def _load_cifar10(root: str | None = None, download: bool = False) -> Pool:
     """CIFAR-10 through torchvision (root/cifar-10-batches-py/)."""
     return _pool_from_torchvision("cifar10", _files_present("CIFAR10"), root, download)
 
 
+@register_dataset("cifar100")
 def _load_cifar100(root: str | None = None, download: bool = False) -> Pool:
     """CIFAR-100 (fine labels) through torchvision (root/cifar-100-python/)."""
     return _pool_from_torchvision("cifar100", _files_present("CIFAR100"), root, download)
 
 
+@register_dataset("synthetic")
 def _load_synthetic(
     root: str | None = None,
     download: bool = False,
@@ -201,46 +190,3 @@ def _load_synthetic(
     x = torch.from_numpy(((samples - samples.min()) / span).astype(np.float32))
     names = tuple(f"class_{label}" for label in range(num_classes))
     return Pool(x, torch.from_numpy(labels.astype(np.int64)), num_classes, names, 1.0, "synthetic")
-
-
-SOURCES: dict[str, Callable[..., Pool]] = {
-    "digits": _load_digits,
-    "fashion_mnist": _load_fashion_mnist,
-    "mnist": _load_mnist,
-    "cifar10": _load_cifar10,
-    "cifar100": _load_cifar100,
-    "synthetic": _load_synthetic,
-}
-
-_POOL_CACHE: dict[tuple, Pool] = {}
-
-
-def _hashable(value: object) -> object:
-    if isinstance(value, list | tuple):
-        return tuple(_hashable(item) for item in value)
-    return value
-
-
-def _check_params(name: str, accepted: list[str], params: dict) -> None:
-    allowed = [key for key in accepted if key not in ("root", "download", "seed")]
-    for key in params:
-        if key not in allowed:
-            options = ", ".join(allowed) or "none"
-            raise ValueError(f"data.{key}: not a parameter of source {name!r} (allowed: {options})")
-
-
-def load_pool(
-    name: str, root: str | None = None, download: bool = False, seed: int = 0, **params
-) -> Pool:
-    """Load dataset `name` as one Pool of its train+test splits, cached per process."""
-    if name not in SOURCES:
-        raise ValueError(f"data.name: {name!r} is not one of {', '.join(SOURCES)}")
-    loader = SOURCES[name]
-    accepted = list(inspect.signature(loader).parameters)
-    _check_params(name, accepted, params)
-    if "seed" in accepted:  # only random sources depend on the seed; the rest load once
-        params = {**params, "seed": seed}
-    key = (name, root, download, _hashable(sorted(params.items())))
-    if key not in _POOL_CACHE:
-        _POOL_CACHE[key] = loader(root=root, download=download, **params)
-    return _POOL_CACHE[key]

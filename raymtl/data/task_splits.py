@@ -1,4 +1,4 @@
-"""Majority-task splits of the one-shot clustering paper (papers/oneshot_clustering_hfl.md).
+"""Majority-task splits of the one-shot clustering paper (docs/ALGORITHMS.md, One-shot HFL).
 
 A task is a set of classes; users 0..U_1-1 belong to task 1, the next U_2 to task 2, ...
 Every model keeps all the dataset's classes (no relabelling); a user's task is the one its
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from raymtl.data.partition_registry import register_partition
 from raymtl.data.shards import (
     ClientShard,
     check_client_size,
@@ -104,16 +105,13 @@ def majority_task_split(
     fraction = float(extra.get("minority_fraction", 0.1))
     num_clients, cap = options["num_clients"], options.get("max_samples_per_client")
     _check(tasks, users, num_clients, num_classes, fraction)
-    validate_sizes(
-        options.get("quantity", "equal"), options.get("quantity_sigma", 1.0),
-        options.get("quantity_exponent", 1.5), options.get("test_fraction", 0.2), cap,
-    )  # fmt: skip
+    quantity = options.get("quantity", "equal")
+    sigma = options.get("quantity_sigma", 1.0)
+    exponent = options.get("quantity_exponent", 1.5)
+    validate_sizes(quantity, sigma, exponent, options.get("test_fraction", 0.2), cap)
     groups = group_settings(options.get("rotations"), options.get("mask_probs"))
     rng = np.random.default_rng(options["seed"])
-    weights = quantity_weights(
-        options.get("quantity", "equal"), num_clients, options.get("quantity_sigma", 1.0),
-        options.get("quantity_exponent", 1.5), rng,
-    )  # fmt: skip
+    weights = quantity_weights(quantity, num_clients, sigma, exponent, rng)
     class_counts = np.bincount(labels, minlength=num_classes)
     counts = scaled_counts(demand(class_counts, tasks, users, fraction, weights), class_counts, cap)
     held = [[] for _ in range(num_clients)]
@@ -132,17 +130,15 @@ def majority_task_split(
     return shards
 
 
+@register_partition("fmnist_tasks", shards=True, assigns_tasks=True)
 def fmnist_tasks(labels, num_classes, **options) -> list[ClientShard]:
     """Fashion-MNIST 3 tasks by majority labels (clothes/shoes/bags), users 5/3/2, unbalanced."""
     defaults = (FASHION_MNIST_TASKS, FASHION_MNIST_USERS)
     return majority_task_split(labels, num_classes, defaults=defaults, **options)
 
 
+@register_partition("cifar10_tasks", shards=True, assigns_tasks=True)
 def cifar10_tasks(labels, num_classes, **options) -> list[ClientShard]:
     """CIFAR-10 vehicles vs animals, 5 users each, a minority fraction of the other task."""
     defaults = (CIFAR10_TASKS, CIFAR10_USERS)
     return majority_task_split(labels, num_classes, defaults=defaults, **options)
-
-
-# Registered in partitions.PARTITIONS; partition_clients hands these kinds every argument.
-TASK_SPLITS = {"fmnist_tasks": fmnist_tasks, "cifar10_tasks": cifar10_tasks}

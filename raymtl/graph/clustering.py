@@ -1,7 +1,7 @@
 """Data-similarity clustering of users: relevance from shared eigenvectors, then HAC.
 
 Ali & Arafa, "Data Similarity-Based One-Shot Clustering for Multi-Task Hierarchical
-Federated Learning" (papers/oneshot_clustering_hfl.md), after Amiri et al.'s data relevance.
+Federated Learning" (docs/ALGORITHMS.md, One-shot HFL), after Amiri et al.'s data relevance.
 
 User i, features Φ_i = Φ(X_i) ∈ R^{n_i×d}:
     Σ_i = Φ_iᵀ Φ_i / n_i,   (λ^{(i)}, V_i) = its top-k eigenpairs (λ descending)

@@ -1,6 +1,6 @@
 """SFMTL-Graph's task similarity between clients: functional head similarity + anchor similarity.
 
-Paper: "SFMTL-Graph" (papers/sfmtl_graph.txt, §IV-A); maths in ALGORITHMS.md §1.6.
+Paper: "SFMTL-Graph" (§IV-A); the maths in docs/ALGORITHMS.md, SFMTL-Graph.
 
 Client i uploads a linear head h_i(z) = W_i z + b_i and anchor rows A_i[c] for its classes
 c ∈ Y_i. Over the shared classes Y_ij = Y_i ∩ Y_j (all three are 0 when Y_ij is empty):

@@ -1,7 +1,16 @@
 """Communication graphs between clients, and their Metropolis-Hastings mixing weights.
 
 Every builder is seeded, returns a connected simple graph on nodes 0..n-1, and is listed in
-``TOPOLOGIES`` with a one-line description and its parameters (name -> default).
+``TOPOLOGIES`` with a one-line description and its parameters (name -> default). A plugin
+adds one the same way:
+
+    @register_topology("grid")
+    def grid(num_nodes: int, seed: int, *, width: int = 4) -> nx.Graph:
+        '''One line for `raymtl list`.'''
+
+The keyword-only parameters are `topology.params`; `build_topology` refuses a graph that is
+not connected on 0..n-1. The kinds without a peer graph (``STRUCTURED_KINDS``: star,
+hierarchical, none, groups) are shapes the runtime builds, and no graph may take their names.
 """
 
 from __future__ import annotations
@@ -9,6 +18,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,21 +39,53 @@ class TopologySpec:
 
 
 TOPOLOGIES: dict[str, TopologySpec] = {}
+# Topology kinds that are no peer graph: the shapes the runtime builds itself.
+STRUCTURED_KINDS = ("star", "hierarchical", "none", "groups")
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-def _register(kind: str) -> Callable[[Callable[..., nx.Graph]], Callable[..., nx.Graph]]:
-    # Description = first docstring line; parameters = keyword-only arguments with defaults.
+def register_topology(
+    name: str, description: str | None = None, params: dict[str, object] | None = None
+) -> Callable[[Callable[..., nx.Graph]], Callable[..., nx.Graph]]:
+    """Decorator: register the graph builder `fn(num_nodes, seed, *, params) -> nx.Graph`.
+
+    `description` defaults to the first line of its docstring and `params` (name ->
+    default) to its keyword-only arguments. Raises a one-line ValueError for a builder that
+    breaks the contract (see the module docstring) or a taken name.
+    """
+
     def decorator(build: Callable[..., nx.Graph]) -> Callable[..., nx.Graph]:
-        params = {
-            name: parameter.default
-            for name, parameter in inspect.signature(build).parameters.items()
-            if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-        }
-        description = (inspect.getdoc(build) or "").splitlines()[0]
-        TOPOLOGIES[kind] = TopologySpec(build, description, params)
+        TOPOLOGIES[name] = topology_spec(name, build, description, params)
         return build
 
     return decorator
+
+
+def topology_spec(name, build, description, params) -> TopologySpec:
+    """The spec of `build` as kind `name`, checked against the contract."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(f"register_topology: {name!r} is not a name (letters, digits, _ . -)")
+    where = f"register_topology('{name}')"
+    if name in STRUCTURED_KINDS:
+        raise ValueError(f"{where}: '{name}' is a built-in shape, not a peer graph name")
+    if not callable(build):
+        raise ValueError(f"{where}: {build!r} is not a function fn(num_nodes, seed, *, params)")
+    registered = TOPOLOGIES.get(name)
+    if registered is not None and not _same(registered.build, build):
+        raise ValueError(f"topology.kind: '{name}' is registered twice")
+    parameters = inspect.signature(build).parameters.values()
+    positional = [p.name for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    if len(positional) != 2:
+        raise ValueError(f"{where}: {build.__qualname__} must take (num_nodes, seed, *, params)")
+    keyword = {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    params = keyword if params is None else dict(params)
+    if not set(params) <= set(keyword):
+        unknown = ", ".join(sorted(set(params) - set(keyword)))
+        raise ValueError(f"{where}: params {unknown} are not keyword-only arguments of the builder")
+    text = description or (inspect.getdoc(build) or "").strip()
+    if not text:
+        raise ValueError(f"{where}: give a description (or a docstring) for `raymtl list`")
+    return TopologySpec(build, text.splitlines()[0], params)
 
 
 def build_topology(kind: str, num_nodes: int, seed: int, **params: object) -> nx.Graph:
@@ -59,23 +101,40 @@ def build_topology(kind: str, num_nodes: int, seed: int, **params: object) -> nx
         raise ValueError(f"topology.num_nodes: {num_nodes!r} is not a positive integer")
     if not _is_int(seed):
         raise ValueError(f"seed: {seed!r} is not an integer")
-    return spec(num_nodes, seed, **params)
+    return _check_graph(kind, spec(num_nodes, seed, **params), num_nodes)
 
 
-@_register("complete")
+def _check_graph(kind: str, graph: object, num_nodes: int) -> nx.Graph:
+    """A builder's graph is a connected simple graph on 0..num_nodes-1."""
+    if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
+        raise ValueError(f"topology.kind: {kind} returned {type(graph).__name__}, not nx.Graph")
+    if sorted(graph.nodes) != list(range(num_nodes)):
+        raise ValueError(f"topology.kind: {kind} must give a graph on nodes 0..{num_nodes - 1}")
+    if not nx.is_connected(graph):
+        components = nx.number_connected_components(graph)
+        raise ValueError(f"topology.kind: {kind} gave a graph of {components} components")
+    return graph
+
+
+def _same(registered: Callable, new: Callable) -> bool:
+    key = ("__module__", "__qualname__")
+    return all(getattr(registered, k, None) == getattr(new, k, None) for k in key)
+
+
+@register_topology("complete")
 def complete_topology(num_nodes: int, seed: int) -> nx.Graph:
     """Every pair of clients is connected (a single client is allowed)."""
     return nx.complete_graph(num_nodes)
 
 
-@_register("ring")
+@register_topology("ring")
 def ring_topology(num_nodes: int, seed: int) -> nx.Graph:
     """Cycle 0-1-...-(n-1)-0 (a path for fewer than 3 clients)."""
     # nx.cycle_graph would add a self loop for n=1 and cannot double the edge for n=2.
     return nx.cycle_graph(num_nodes) if num_nodes >= 3 else nx.path_graph(num_nodes)
 
 
-@_register("erdos_renyi")
+@register_topology("erdos_renyi")
 def erdos_renyi_topology(num_nodes: int, seed: int, *, p: float = 0.15) -> nx.Graph:
     """G(n, p) random graph, connected by one random edge between consecutive components."""
     _check_probability("topology.p", p, allow_zero=False)
@@ -84,7 +143,7 @@ def erdos_renyi_topology(num_nodes: int, seed: int, *, p: float = 0.15) -> nx.Gr
     return graph
 
 
-@_register("watts_strogatz")
+@register_topology("watts_strogatz")
 def watts_strogatz_topology(num_nodes: int, seed: int, *, k: int = 4, p: float = 0.1) -> nx.Graph:
     """Connected small world: ring lattice of k neighbours, each edge rewired with prob. p."""
     if not _is_int(k) or k < 2 or k % 2 or k >= num_nodes:
@@ -98,7 +157,7 @@ def watts_strogatz_topology(num_nodes: int, seed: int, *, k: int = 4, p: float =
         raise ValueError(f"topology.p: {p} gave no connected graph in 100 tries") from error
 
 
-@_register("barabasi_albert")
+@register_topology("barabasi_albert")
 def barabasi_albert_topology(num_nodes: int, seed: int, *, m: int = 2) -> nx.Graph:
     """Preferential attachment: each new client links to m existing ones."""
     if not _is_int(m) or not 1 <= m < num_nodes:
@@ -108,7 +167,7 @@ def barabasi_albert_topology(num_nodes: int, seed: int, *, m: int = 2) -> nx.Gra
     return nx.barabasi_albert_graph(num_nodes, m, seed=seed)
 
 
-@_register("custom")
+@register_topology("custom")
 def custom_topology(num_nodes: int, seed: int, *, edges: list[list[int]] | None = None) -> nx.Graph:
     """User-given undirected edges [[i, j], ...]; must connect all clients."""
     if edges is None:

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
-from raymtl.metrics.report import mean_and_std
+from raymtl.metrics.recorder import Recorder
+from raymtl.metrics.statistics import mean_and_std
 from raymtl.metrics.tasks import HIGHER_IS_BETTER, primary_metric
 
 FINAL_COLUMNS = ["seed", "client", "task_name", "metric", "value"]
@@ -133,8 +134,6 @@ def clients_table(deltas: dict[str, dict]) -> pd.DataFrame:
 def record_deltas(runs: dict[str, Path], reference: str, out: Path) -> dict[str, dict]:
     """Each run's Δ% vs the reference run: added to its summary.json under `SUMMARY_KEY`, and
     per client to `<out>/table_clients.csv`. Returns arm name -> delta summary."""
-    from raymtl.metrics.recorder import Recorder
-
     clients = {arm: Recorder.load(run_dir).clients() for arm, run_dir in runs.items()}
     deltas = arm_deltas(clients, reference)
     for arm, run_dir in runs.items():

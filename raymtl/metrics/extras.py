@@ -1,24 +1,31 @@
-"""Reporters for algorithm tables (graph.parquet, clusters.parquet, ...).
+"""The registries of algorithm tables' reporters and plotters (graph.parquet, clusters.parquet...).
 
-An algorithm that records its own table (`ctx.record("graph", ...)` in a step)
-registers a reporter for it in a module of `raymtl/metrics/tables/`; `summarize`
-calls the reporters of the tables a run has, and they add their figures to
-summary.json and draw their plots.
+An algorithm that records its own table (`ctx.record("graph", ...)` in a step) registers, for
+it, a reporter that adds its figures to summary.json and, if it draws any, a plotter that
+draws its plots (only when the run's `output.plots` is true, or on `raymtl report`):
 
     @table_reporter("graph")
     def report_graph(run_dir: Path, summary: dict) -> None:
         summary["communities"] = ...
+
+    @table_plotter("graph")
+    def plot_graph(run_dir: Path) -> list[Path]:
+        return [save_figure(..., run_dir / "plots" / "communities.png")]
+
+The built-in ones live in `raymtl/metrics/tables/`, which runs those of the tables a run has;
+a plugin registers its own the same way. This module imports nothing of raymtl: the
+reporters import it, never the other way round.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 
 Reporter = Callable[[Path, dict], None]
+Plotter = Callable[[Path], list[Path]]
 TABLE_REPORTERS: dict[str, Reporter] = {}
+TABLE_PLOTTERS: dict[str, Plotter] = {}
 
 
 def table_reporter(table: str) -> Callable[[Reporter], Reporter]:
@@ -31,17 +38,11 @@ def table_reporter(table: str) -> Callable[[Reporter], Reporter]:
     return register
 
 
-def load_reporters() -> None:
-    """Import every module of `raymtl.metrics.tables` (each registers its reporter)."""
-    import raymtl.metrics.tables as tables
+def table_plotter(table: str) -> Callable[[Plotter], Plotter]:
+    """Register `function(run_dir) -> written paths` as the plotter of `<table>.parquet`."""
 
-    for module in pkgutil.iter_modules(tables.__path__):
-        importlib.import_module(f"{tables.__name__}.{module.name}")
+    def register(function: Plotter) -> Plotter:
+        TABLE_PLOTTERS[table] = function
+        return function
 
-
-def report_extra_tables(run_dir: Path, summary: dict) -> None:
-    """Run the reporter of every algorithm table present in `run_dir` (in place on summary)."""
-    load_reporters()
-    for table, reporter in TABLE_REPORTERS.items():
-        if (Path(run_dir) / f"{table}.parquet").is_file():
-            reporter(Path(run_dir), summary)
+    return register

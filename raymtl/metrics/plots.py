@@ -1,7 +1,8 @@
 """PNG plots of one run and comparisons across runs, drawn from the Parquet metric tables.
 
-Figures are built with ``matplotlib.figure.Figure`` (rendered by the Agg canvas) rather than
-pyplot, so no global figure state or GUI backend is involved and figures are freed when dropped.
+`plot_run` draws the run's own figures, the per-task ones and those of its algorithm's tables
+(`raymtl.metrics.tables`); nothing else in the package draws a run's plots, so a run with
+`output.plots: false` (which never calls it) has none.
 """
 
 from __future__ import annotations
@@ -13,18 +14,14 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from raymtl.metrics.figures import add_legend_if_labelled, draw_band, save_figure
 from raymtl.metrics.recorder import Recorder
+from raymtl.metrics.statistics import evaluated_rounds
+from raymtl.metrics.tables import plot_extra_tables
+from raymtl.metrics.tasks import plot_task_comparison
 
 # Bits are drawn on a log axis; runs without communication get a single point here.
 NO_COMMUNICATION_X = 1.0
-
-
-def evaluated_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Rows of rounds where evaluation happened (non-eval rounds carry NaN loss).
-
-    The loss, not the accuracy: a federation of regression tasks has no accuracy.
-    """
-    return rounds.dropna(subset=["mean_loss"])
 
 
 def curves_by_round(rounds: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -34,25 +31,6 @@ def curves_by_round(rounds: pd.DataFrame, column: str) -> pd.DataFrame:
     curves = grouped[column].agg(["mean", "min", "max"])
     curves["cum_bits"] = grouped["cum_bits"].mean()
     return curves.sort_index()
-
-
-def save_figure(figure: Figure, path: Path) -> Path:
-    """Write ``figure`` as PNG at ``path`` (creating parent folders)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    return path
-
-
-def add_legend_if_labelled(axes: Axes) -> None:
-    """Legend only when something was drawn (an empty run would otherwise warn)."""
-    if axes.get_legend_handles_labels()[0]:
-        axes.legend()
-
-
-def draw_band(axes: Axes, x, curves: pd.DataFrame, label: str) -> None:
-    """Line for the mean across seeds with a shaded min/max band."""
-    (line,) = axes.plot(x, curves["mean"], label=label)
-    axes.fill_between(x, curves["min"], curves["max"], color=line.get_color(), alpha=0.2)
 
 
 def draw_accuracy_vs_round(axes: Axes, curves: pd.DataFrame, label: str) -> None:
@@ -143,10 +121,8 @@ def plot_run(run_dir: Path) -> list[Path]:
         plot_accuracy_vs_bits(rounds, out_dir / "accuracy_vs_bits.png"),
         plot_client_accuracy_distribution(clients, out_dir / "client_accuracy_distribution.png"),
     ]
-    from raymtl.metrics.tasks import plot_task_comparison
-
     per_task = plot_task_comparison({run_dir.name: clients}, out_dir / "tasks.png")
-    return paths + ([per_task] if per_task else [])
+    return paths + ([per_task] if per_task else []) + plot_extra_tables(run_dir)
 
 
 def plot_comparison_metric(
@@ -198,8 +174,6 @@ def plot_comparison(runs: dict[str, Path], out_dir: Path) -> list[Path]:
     paths.append(
         plot_bits_per_round(rounds_by_algorithm, out_dir / "comparison_bits_per_round.png")
     )
-    from raymtl.metrics.tasks import plot_task_comparison  # imports this module: late
-
     clients = {name: Recorder.load(run_dir).clients() for name, run_dir in runs.items()}
     per_task = plot_task_comparison(clients, out_dir / "comparison_tasks.png")
     return paths + ([per_task] if per_task else [])

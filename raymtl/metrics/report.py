@@ -6,15 +6,15 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from raymtl.metrics.extras import report_extra_tables
-from raymtl.metrics.plots import evaluated_rounds, plot_run
+from raymtl.metrics.plots import plot_run
 from raymtl.metrics.recorder import Recorder
+from raymtl.metrics.statistics import evaluated_rounds, mean_and_std
+from raymtl.metrics.tables import report_extra_tables
 from raymtl.metrics.tasks import has_tasks, task_summary, task_table
 
 ACCURACY_METRICS = ("mean_accuracy", "worst10_accuracy", "worst20_accuracy", "std_accuracy")
@@ -48,14 +48,6 @@ def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
         wall = max(float(last_row["wall_time"]), 1e-9)
         summary["client_updates_per_second"] = float(trained.sum()) / wall
     return summary
-
-
-def mean_and_std(values: list[float]) -> dict[str, float]:
-    """Mean and population std (ddof=0, so a single seed gives std 0, not NaN) over seeds."""
-    if not values:
-        return {"mean": math.nan, "std": math.nan}
-    array = np.asarray(values, dtype=float)
-    return {"mean": float(array.mean()), "std": float(array.std(ddof=0))}
 
 
 def summarize(run_dir: Path, algorithm: str) -> dict:
@@ -161,17 +153,21 @@ def algorithm_name(run_dir: Path) -> str:
 
 
 def report(run_dir: Path, console: Console | None = None) -> dict:
-    """Re-draw a run's plots, write summary.json and print its results table.
+    """Re-draw a run's plots, write summary.json and print its results table (`raymtl report`).
 
     Returns the summary, with the written plot paths under ``"plots"``.
     """
     run_dir = Path(run_dir)
-    console = console or Console()
     summary = summarize(run_dir, algorithm_name(run_dir))
     plot_paths = plot_run(run_dir)
-    console.print(results_table([summary], title=f"Results: {run_dir}"))
+    print_summary(summary, f"Results: {run_dir}", console or Console(), plot_paths)
+    return {**summary, "plots": [str(path) for path in plot_paths]}
+
+
+def print_summary(summary: dict, title: str, console: Console, plot_paths: list[Path] = ()) -> None:
+    """A run's results table (and its per-task table), then the plots it has."""
+    console.print(results_table([summary], title=title))
     if summary.get("tasks"):
         console.print(task_table([summary], title="Per task"))
     for path in plot_paths:
         console.print(f"plot: {path}")
-    return {**summary, "plots": [str(path) for path in plot_paths]}

@@ -15,7 +15,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from raymtl.metrics.plots import add_legend_if_labelled, draw_band, save_figure
+from raymtl.metrics.figures import add_legend_if_labelled, draw_band, save_figure
+from raymtl.metrics.statistics import mean_and_std
 
 TASK_METRICS = ("accuracy", "precision", "recall", "f1", "mse", "mae")
 # The figure a task is judged by: the first of these its clients report (see tasks.spec).
@@ -57,8 +58,6 @@ def task_curves(clients: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 def task_summary(clients: pd.DataFrame) -> dict:
     """task name -> {clients, metric (primary), final: {metric: {mean, std}}} over seeds."""
-    from raymtl.metrics.report import mean_and_std
-
     summary = {}
     evaluated = clients.dropna(subset=["loss"])
     for name, rows in evaluated.groupby("task_name", sort=False):
@@ -120,10 +119,16 @@ def task_table(summaries: list[dict], title: str) -> Table:
     for summary, label in zip(summaries, labels, strict=True):
         for task, figures in summary.get("tasks", {}).items():
             final = figures["final"]
-            cells = [f"{final[m]['mean']:.3g}±{final[m]['std']:.1g}" if m in final else ""
-                     for m in ("loss", *reported)]  # fmt: skip
+            cells = [format_figure(final, m) for m in ("loss", *reported)]
             table.add_row(label, task, str(figures["clients"]), *cells)
     return table
+
+
+def format_figure(final: dict, metric: str) -> str:
+    """'mean±std' of one of a task's figures; blank where the task does not report it."""
+    if metric not in final:
+        return ""
+    return f"{final[metric]['mean']:.3g}±{final[metric]['std']:.1g}"
 
 
 def short_labels(names: list[str]) -> list[str]:

@@ -4,6 +4,20 @@ Importing this package registers every built-in model in ``MODELS``.
 """
 
 from raymtl.models import cnn, resnet, sheaf_cnns  # noqa: F401  (imports register the models)
-from raymtl.models.registry import MODELS, FedModel, build_model, num_params
+from raymtl.models.registry import (
+    MODELS,
+    FedModel,
+    build_model,
+    check_model_params,
+    num_params,
+    register_model,
+)
 
-__all__ = ["MODELS", "FedModel", "build_model", "num_params"]
+__all__ = [
+    "MODELS",
+    "FedModel",
+    "build_model",
+    "check_model_params",
+    "num_params",
+    "register_model",
+]

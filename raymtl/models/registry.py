@@ -1,13 +1,15 @@
 """The FedModel contract and the one place where model names map to model classes.
 
-    @register
+    @register_model
     class MLP(FedModel):
         name = "mlp"
         description = "one-line description for `raymtl list`"
         def __init__(self, input_shape, num_classes, hidden: int = 32): ...
 
 The keyword parameters of ``__init__`` after ``input_shape`` and ``num_classes`` are the
-model's tunable parameters; ``register`` records them (with their defaults) in ``cls.params``.
+model's tunable parameters (``model.params``); ``register`` records them (with their
+defaults) in ``cls.params`` after checking the class against the contract (``check_contract``):
+a FedModel subclass with a ``name``, built as ``cls(input_shape, num_classes, **params)``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class FedModel(nn.Module):
     ``projection.`` once a representation branch is added. ``feature_dim`` is the size of the
     flattened backbone output, i.e. ``features(x).shape == (B, feature_dim)``.
 
-    Optional representation branch (FedMuscle, ALGORITHMS.md §6): ``add_representation(d)``
+    Optional representation branch (FedMuscle, docs/ALGORITHMS.md): ``add_representation(d)``
     adds ``projection = Linear(feature_dim, d)``; ``represent(x)`` is then the L2-normalised
     ``projection(features(x))``, shape (B, d). ``forward`` never uses it, and a model without
     it has exactly the ``backbone.``/``head.`` state_dict it always had.
@@ -91,17 +93,68 @@ class FedModel(nn.Module):
 
 
 def register(cls: type[FedModel]) -> type[FedModel]:
-    """Class decorator: make `cls` available under `cls.name`, recording its parameters."""
-    if cls.name in MODELS:
-        raise ValueError(f"model.name: '{cls.name}' is registered twice")
+    """Class decorator: make `cls` available under `cls.name`, recording its parameters.
+
+    Raises a one-line ValueError for a class that breaks the contract (`check_contract`) or a
+    name another class holds; the same class again (its module imported twice) replaces it.
+    """
+    check_contract(cls)
+    known = MODELS.get(cls.name)
+    if known is not None and _identity(known) != _identity(cls):
+        raise ValueError(
+            f"model.name: '{cls.name}' is registered twice ({_identity(known)} and "
+            f"{_identity(cls)})"
+        )
     signature = inspect.signature(cls.__init__)
     cls.params = {
         arg: parameter.default
         for arg, parameter in signature.parameters.items()
         if arg not in _COMMON_ARGS
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     }
     MODELS[cls.name] = cls
     return cls
+
+
+register_model = register
+
+
+def check_contract(cls: object) -> None:
+    """Raise a one-line ValueError naming `cls` and what breaks the FedModel contract."""
+    if not (isinstance(cls, type) and issubclass(cls, FedModel)):
+        raise ValueError(f"model {cls!r}: is not a subclass of raymtl's FedModel")
+    where = f"model class {_identity(cls)}"
+    if not isinstance(cls.name, str) or not cls.name.strip():
+        raise ValueError(f"{where}: declares no `name` (the string model.name uses)")
+    if not isinstance(cls.description, str):
+        raise ValueError(f"{where}: description must be a string (for `raymtl list`)")
+    parameters = list(inspect.signature(cls.__init__).parameters.values())
+    leading = [p.name for p in parameters[: len(_COMMON_ARGS)]]
+    if leading != list(_COMMON_ARGS):
+        raise ValueError(f"{where}: __init__ must take (self, input_shape, num_classes, **params)")
+    for parameter in parameters[len(_COMMON_ARGS) :]:
+        plain = parameter.kind not in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        )
+        if plain and parameter.default is inspect.Parameter.empty:
+            raise ValueError(
+                f"{where}: parameter '{parameter.name}' needs a default (model.params may "
+                "leave it out)"
+            )
+
+
+def check_model_params(name: str, params: dict) -> None:
+    """`model.params` are parameters of model `name` (one-line ValueError otherwise)."""
+    model_cls = MODELS[name]
+    for param in params:
+        if param not in model_cls.params:
+            allowed = ", ".join(model_cls.params) or "none"
+            raise ValueError(f"model.{param}: not a parameter of {name} (allowed: {allowed})")
+
+
+def _identity(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def build_model(
@@ -110,12 +163,8 @@ def build_model(
     """Instantiate the model registered as `name` (one-line ValueError on bad input)."""
     if name not in MODELS:
         raise ValueError(f"model.name: '{name}' is not one of {', '.join(sorted(MODELS))}")
-    model_cls = MODELS[name]
-    for param in params:
-        if param not in model_cls.params:
-            allowed = ", ".join(model_cls.params) or "none"
-            raise ValueError(f"model.{param}: not a parameter of {name} (allowed: {allowed})")
-    return model_cls(check_input_shape(input_shape), check_num_classes(num_classes), **params)
+    check_model_params(name, params)
+    return MODELS[name](check_input_shape(input_shape), check_num_classes(num_classes), **params)
 
 
 def check_input_shape(input_shape: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -1,7 +1,7 @@
 """Sheaf-FMTL's CNNs: the rotated-MNIST model of its official code (`cnn_sheaf`) and the
 three of its heterogeneous-model experiment (Sec. 4.3 and Table 2).
 
-cnn_sheaf (ALGORITHMS.md §5, the official code's): conv3x3(32) - ReLU - maxpool2 -
+cnn_sheaf (docs/ALGORITHMS.md, Sheaf-FMTL; the official code's): conv3x3(32) - ReLU - maxpool2 -
 conv3x3(64) - ReLU - maxpool2 (no padding) | Linear(64·5·5 = 1600 -> 10): 34,826 parameters
 on 1x28x28, so γ = 0.01 gives d_ij = 348.
 
@@ -110,9 +110,13 @@ class SheafMnistCNN(FedModel):
         input_shape = check_input_shape(input_shape)
         check_min_side(self.name, input_shape, 10)  # two unpadded 3x3 convs and two pools
         features = nn.Sequential(
-            nn.Conv2d(input_shape[0], 32, 3), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
-        )  # fmt: skip
+            nn.Conv2d(input_shape[0], 32, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
         backbone = nn.Sequential(OrderedDict(features=features, flatten=nn.Flatten()))
         feature_dim = flat_output_size(features, input_shape)
         super().__init__(backbone, nn.Linear(feature_dim, num_classes), feature_dim)

@@ -4,12 +4,19 @@ Exports are resolved lazily: actors import `raymtl.runtime.host`, and must not p
 the driver's plotting and reporting imports.
 """
 
-__all__ = ["resume_experiment", "run_experiment", "start_ray"]
+# name -> the module that defines it
+EXPORTS = {
+    "Federation": "raymtl.runtime.federation",
+    "resume_experiment": "raymtl.runtime.api",
+    "run_experiment": "raymtl.runtime.api",
+    "start_ray": "raymtl.runtime.launch",
+}
+__all__ = sorted(EXPORTS)
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        from raymtl.runtime import api
+    if name in EXPORTS:
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(EXPORTS[name]), name)
     raise AttributeError(name)

@@ -3,6 +3,8 @@
 Client, server and LPS actors are `ParticipantHost`s whose payloads go through
 Ray's object store: `put` is called in the sending actor and `get` in the
 receiving one, so tensors move actor to actor and never through the driver.
+An actor's constructor keeps its spec only; the executor then calls `build`, so an error
+while building (a plugin, the data) comes back as that error, not as a dead actor.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ class ObjectStoreHost(ParticipantHost):
 
     def get(self, payloads):
         # A writable copy of each array: a step may never write into the object store.
-        return [{name: as_tensor(a) for name, a in payload.items()}
-                for payload in (ray.get(payloads) if payloads else [])]  # fmt: skip
+        fetched = ray.get(payloads) if payloads else []
+        return [{name: as_tensor(a) for name, a in payload.items()} for payload in fetched]
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -76,8 +78,9 @@ class LPSActor(ObjectStoreHost):
 class GraphActor(ObjectStoreHost):
     """CPU-only graph service: networkx/igraph/leidenalg stay out of training processes.
 
-    It builds topologies before the federation exists, then (`attach`) hosts the
-    algorithm's "graph" participant: similarity graphs, communities, clustering.
+    It builds topologies before the federation exists, then (`attach`, and `build` like
+    every host) hosts the algorithm's "graph" participant: similarity graphs, communities,
+    clustering.
     """
 
     def __init__(self):  # the federation (and so the HostSpec) does not exist yet

@@ -1,124 +1,52 @@
-"""Run an experiment end to end: Ray start-up, the driver, then summary and plots."""
+"""Run an experiment end to end (every seed, then summary and plots), or resume one."""
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
-from raymtl.config import ConfigError, ExperimentConfig, apply_override, dump_config, parse_config
-from raymtl.data.sources import DEFAULT_CACHE_ROOT
-from raymtl.metrics import plot_run, summarize
+from raymtl.config import ExperimentConfig, dump_config
 from raymtl.runtime.driver import Driver
-from raymtl.runtime.executor import InlineExecutor
-from raymtl.runtime.ray_executor import RayExecutor
-from raymtl.runtime.setup import check_federation
+from raymtl.runtime.launch import executor_factory, start_ray
+from raymtl.runtime.run_dirs import (
+    check_resumable,
+    finish_run,
+    load_run_config,
+    run_location,
+    staging_dir,
+    start_run,
+)
 from raymtl.runtime.storage import Location, fetch, is_uri, publish
-from raymtl.runtime_paths import make_directory
 
-log = logging.getLogger(__name__)
-
-
-def start_ray(cfg: ExperimentConfig) -> float:
-    """Join `runtime.address` or start a local Ray (dashboard on 127.0.0.1); seconds taken."""
-    import ray
-
-    if ray.is_initialized():
-        return 0.0
-    began = time.perf_counter()
-    runtime = cfg.runtime
-    if runtime.address:  # a cluster: `ray job submit --working-dir .` ships the code
-        ray.init(address=runtime.address, log_to_driver=False)
-    else:  # a Ray of its own ("local": never a `ray start` head running here); workers use
-        # this interpreter, where raymtl is installed
-        ray.init(
-            address="local",
-            num_cpus=runtime.num_cpus,
-            include_dashboard=runtime.dashboard,
-            dashboard_host="127.0.0.1",
-            log_to_driver=False,
-        )
-    return time.perf_counter() - began
-
-
-def check_output_dir(cfg: ExperimentConfig) -> None:
-    """Inside a `ray job submit` job the working directory is Ray's unpacked copy of the
-    code: a relative output.dir would put the results there, and they would go with it."""
-    relative = not is_uri(cfg.output.dir) and not Path(cfg.output.dir).is_absolute()
-    if relative and "_ray_pkg_" in str(Path.cwd()):
-        raise ConfigError(
-            f"output.dir: '{cfg.output.dir}' is relative inside a Ray job (it would land in "
-            "Ray's package folder); give an absolute path on storage every node shares"
-        )
-
-
-def staging_dir(store: Location) -> Path:
-    """The local folder where the driver writes a URI run's outputs before publishing them."""
-    digest = hashlib.blake2b(store.uri.encode(), digest_size=6).hexdigest()
-    return Path(DEFAULT_CACHE_ROOT).expanduser() / "staging" / f"{store.name}-{digest}"
-
-
-def run_location(where: str | Path) -> tuple[Path, Location]:
-    """(the local folder the driver writes, where the run lives): the same folder for a
-    path, a staging folder and the URI for a URI."""
-    if is_uri(where):
-        store = Location.of(where)
-        return make_directory(staging_dir(store), exist_ok=True), store
-    local = make_directory(Path(where), exist_ok=True)
-    return local, Location.of(local)
-
-
-def new_run_dir(cfg: ExperimentConfig) -> tuple[Path, Location]:
-    """<output.dir>/<name>-<timestamp>, made unique if two runs start in the same second."""
-    check_output_dir(cfg)
-    root, base = Location.of(cfg.output.dir), f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    name, suffix = base, 1
-    while root.child(name).entries() or root.child(name).is_file():
-        name, suffix = f"{base}-{suffix}", suffix + 1
-    return run_location(root.child(name).uri)  # absolute: printed and returned as such
-
-
-def executor_factory(cfg: ExperimentConfig) -> Callable:
-    """A fresh executor per seed, of the configured kind."""
-    if cfg.runtime.executor == "inline":
-        return lambda: InlineExecutor(cfg.runtime)
-    start_ray(cfg)
-    return lambda: RayExecutor(cfg.runtime)
+__all__ = [
+    "load_run_config",
+    "resume_experiment",
+    "run_experiment",
+    "staging_dir",
+    "start_ray",
+]
 
 
 def run_experiment(
     cfg: ExperimentConfig,
-    run_dir: Path | None = None,
+    run_dir: str | Path | None = None,
     progress: Callable | None = None,
     stop_after: int | None = None,
-) -> Path:
-    """Run every seed of `cfg` into a new (or given) run directory; returns it."""
-    # A missing dataset or a partition the data cannot give is a one-line ConfigError
-    # here, before Ray starts and before an empty run directory is left behind.
-    check_federation(cfg)  # partition, tasks and models: what the algorithm can run
-    local, store = run_location(run_dir) if run_dir else new_run_dir(cfg)
-    (local / "config.yaml").write_text(dump_config(cfg))
-    return _drive(cfg, local, store, progress, stop_after)
-
-
-def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
-    """A run's config.yaml (a path or a URI), with overrides."""
-    store = Location.of(run_dir)
-    if not store.child("config.yaml").is_file():
-        raise ConfigError(f"--resume: '{run_dir}' has no config.yaml (not a run directory)")
-    raw = yaml.safe_load(store.child("config.yaml").read_text()) or {}
-    for assignment in overrides:
-        apply_override(raw, assignment)
-    return parse_config(raw)
+    callbacks=(),
+) -> Path | str:
+    """Run every seed of `cfg` into a new (or given) run directory: returns it (its URI for
+    a run kept at a URI). `progress(seed, round, row)` is called after every round;
+    `stop_after` stops (as a crash would) after that round of the first seed."""
+    local, store = start_run(cfg, run_dir)
+    return _drive(cfg, local, store, progress, stop_after, callbacks)
 
 
 def resume_experiment(
-    run_dir: Path, progress: Callable | None = None, overrides: list[str] = ()
-) -> Path:
+    run_dir: str | Path,
+    progress: Callable | None = None,
+    overrides: list[str] = (),
+    callbacks=(),
+) -> Path | str:
     """Continue an interrupted run from its last complete checkpoint."""
     saved = load_run_config(run_dir)
     cfg = load_run_config(run_dir, list(overrides))
@@ -131,43 +59,15 @@ def resume_experiment(
         for seed in checkpoints.entries():
             checkpoints.child(seed, "DONE").delete()
         (local / "config.yaml").write_text(dump_config(cfg))
-    return _drive(cfg, local, store, progress, None)
+    return _drive(cfg, local, store, progress, None, callbacks)
 
 
-# What a resume may change: the rounds (only more), and where and how it runs (the executors
-# give identical results: a run may resume on another machine or cluster).
-RESUMABLE_CHANGES = ("rounds", "runtime")
-
-
-def check_resumable(saved: ExperimentConfig, cfg: ExperimentConfig) -> None:
-    """Refuse, in one line naming the field, a resume whose config changed what the run is."""
-    if cfg.rounds < saved.rounds:
-        raise ConfigError(f"rounds: {cfg.rounds} < {saved.rounds} of the run (it may only grow)")
-    before, after = saved.model_dump(mode="json"), cfg.model_dump(mode="json")
-    for field, old, new in changed_fields(before, after):
-        if field.split(".")[0] not in RESUMABLE_CHANGES:
-            raise ConfigError(
-                f"{field}: {old!r} in the run, {new!r} now; --resume keeps the run's settings "
-                "(only rounds may grow; start a new run instead)"
-            )
-
-
-def changed_fields(before, after, prefix: str = ""):
-    """(dotted field, old, new) for every leaf that differs between two config mappings."""
-    if isinstance(before, dict) and isinstance(after, dict):
-        for key in sorted(set(before) | set(after)):
-            yield from changed_fields(before.get(key), after.get(key), f"{prefix}{key}.")
-    elif before != after:
-        yield prefix.rstrip("."), before, after
-
-
-def _drive(cfg, run_dir: Path, store: Location, progress, stop_after) -> Path | str:
+def _drive(cfg, run_dir: Path, store: Location, progress, stop_after, callbacks) -> Path | str:
     """Run; returns the run directory (a path), or its URI for a run kept at a URI."""
-    driver = Driver(cfg, run_dir, executor_factory(cfg), progress, store)
+    driver = Driver(cfg, run_dir, executor_factory(cfg), progress, store, callbacks)
     driver.run(stop_after=stop_after)
     if stop_after is None:
-        summarize(run_dir, cfg.algorithm.name)
-        if cfg.output.plots:
-            plot_run(run_dir)
-    publish(run_dir, store)
+        finish_run(cfg, run_dir, store, callbacks)
+    else:
+        publish(run_dir, store)
     return store.uri if is_uri(store.uri) else run_dir

@@ -1,4 +1,5 @@
-"""Where checkpoints live, and the checks that make them safe on a cluster.
+"""Checkpoints: where they live, how a host writes and reads its participants' files, and
+the checks that make them safe on a cluster.
 
 Every host writes its own participants' files into `<seed dir>/round<k>/`; the driver writes
 `COMPLETE` only once it sees every participant's file there, and a (re)started host loads the
@@ -62,8 +63,11 @@ def check_shared(directory: Location, executor) -> None:
     see each other's, or checkpoints written on one node are lost to the others."""
     directory.child("driver").write_text("driver")
     sees_driver = executor.probe(directory.uri)
-    hidden = [name for name, seen in sees_driver.items()
-              if not seen or not directory.child(name).is_file()]  # fmt: skip
+    hidden = [
+        name
+        for name, seen in sees_driver.items()
+        if not seen or not directory.child(name).is_file()
+    ]
     if hidden:
         nodes = sorted({executor.nodes.get(name, "?") for name in hidden})
         run = directory.uri.rsplit("/checkpoints/", 1)[0]
@@ -110,4 +114,39 @@ def read_blob(location: Location, device: str, node: str) -> dict:
         io.BytesIO(location.read_bytes()),
         map_location=device,
         weights_only=True,  # tensors and plain data only: a file cannot run code
+    )
+
+
+def write_host_checkpoint(
+    directory: str, coordinators: dict[str, dict], clients=(), first_client: str | None = None
+) -> None:
+    """A host's files in checkpoint folder `directory` (a path or a URI: each host writes its
+    own, on whatever node it runs): one blob `{"model", "extras"}` per coordinator and per
+    client of `clients` ((participant, blob) pairs: clients that never took part have none),
+    and, on a host with clients (`first_client` names it), the index of the clients saved."""
+    folder = Location.of(directory)
+    for participant, blob in coordinators.items():
+        write_blob(checkpoint_file(folder, participant), blob)
+    if first_client is None:
+        return
+    saved = []
+    for participant, blob in clients:
+        write_blob(checkpoint_file(folder, participant), blob)
+        saved.append(participant)
+    index_file(folder, first_client).write_text(json.dumps(sorted(saved)))
+
+
+def read_host_checkpoint(directory: str, coordinators, clients, device: str, node: str):
+    """The blobs of a host's participants in checkpoint folder `directory`: every
+    coordinator's, and those of its `clients` that were saved (a folder written before
+    indexes holds every client's). Returns (coordinator blobs, client blobs) by participant."""
+    folder = Location.of(directory)
+
+    def read(participant):
+        return read_blob(checkpoint_file(folder, participant), device, node)
+
+    saved = saved_clients(folder)
+    return (
+        {participant: read(participant) for participant in coordinators},
+        {p: read(p) for p in clients if saved is None or p in saved},
     )

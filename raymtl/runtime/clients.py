@@ -18,8 +18,6 @@ clients that share it.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from raymtl.algorithms.base import State
@@ -115,28 +113,6 @@ class HostedClients:
 
     def close(self) -> None:
         self.store.close()
-
-
-def cached_factory(build, seed_rng):
-    """`build(name, num_classes)` once per architecture, then copies of it.
-
-    The copy leaves the random generator as the build left it, so whatever an algorithm's
-    init_state draws next (FedMuscle's projection) is what it would have drawn anyway.
-    """
-    built: dict[tuple, tuple] = {}
-
-    def factory(name: str, num_classes: int):
-        key = (name, num_classes)
-        if key not in built:
-            seed_rng()
-            model = build(name, num_classes)
-            built[key] = (copy.deepcopy(model), torch.get_rng_state())
-            return model
-        model, rng_state = built[key]
-        torch.set_rng_state(rng_state)
-        return copy.deepcopy(model)
-
-    return factory
 
 
 def state_budget(config, spec) -> float:

@@ -1,7 +1,9 @@
 """Executors: where hosts live. InlineExecutor (one process) and RayExecutor (actors).
 
 Both drive the same `ParticipantHost` code; the executor only decides where a
-host runs and how calls to it are made and awaited.
+host runs and how calls to it are made and awaited. Every call returns what it brought
+back together with the client hosts lost during it (results.py), so the round loop records
+a loss in the round it happened in.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import logging
 from abc import ABC, abstractmethod
 
 from raymtl.algorithms.base import Phase, role_of
-from raymtl.config import RuntimeConfig
+from raymtl.config import ConfigError, RuntimeConfig
 from raymtl.graph.mixing import mixing_from_topology
 from raymtl.runtime.host import HostSpec, ParticipantHost
+from raymtl.runtime.results import Answer, PhaseResult
 from raymtl.runtime.router import Envelope
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,13 @@ class HostsLost(RuntimeError):
         super().__init__(f"hosts lost during {method}: {', '.join(hosts)} ({detail})")
 
 
+def build_error(host: str, error: BaseException) -> ConfigError:
+    """An error raised while `host` was being built, as one line naming the host: it is the
+    configuration's or the node's (a plugin, the data), never a host to recover."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return ConfigError(f"host {host}: {lines[0]}")
+
+
 class Executor(ABC):
     """Starts hosts, runs phases on them, gathers metrics and checkpoints."""
 
@@ -40,10 +50,8 @@ class Executor(ABC):
         self.members: dict[str, tuple[str, ...]] = {}  # host name -> participants
         self.specs: dict[str, HostSpec] = {}
         self.nodes: dict[str, str] = {}  # host name -> the node it runs on
-        # min_clients_fraction < 1: client hosts lost for good, and what was lost since the
-        # driver last asked (it records them and drops their messages).
+        # min_clients_fraction < 1: the participants of client hosts lost for good.
         self.lost: set[str] = set()
-        self.dropped: list[dict] = []
 
     @abstractmethod
     def clients_per_actor(self, num_clients: int) -> int: ...
@@ -56,45 +64,54 @@ class Executor(ABC):
         return None
 
     @abstractmethod
-    def _start_host(self, name: str, role: str, spec: HostSpec): ...
+    def _start_host(self, name: str, role: str, spec: HostSpec):
+        """A host for `spec`, not built yet (`_build`)."""
 
     @abstractmethod
-    def _call(self, method: str, calls: dict[str, tuple]) -> dict[str, object]:
-        """Call `method(*args)` on each named host, in parallel; results by host."""
+    def _build(self, names: list[str]) -> None:
+        """Build the named hosts; an error raised there is `build_error`'s ConfigError."""
+
+    @abstractmethod
+    def _call(self, method: str, calls: dict[str, tuple]) -> Answer:
+        """Call `method(*args)` on each named host, in parallel: the results by host, and
+        the client hosts lost meanwhile."""
 
     def start(self, specs: dict[str, HostSpec]) -> None:
-        """Start one host per spec (named 'clients-0', 'server', 'lps-1', ...)."""
+        """Start one host per spec (named 'clients-0', 'server', 'lps-1', ...) and build it."""
         for name, spec in specs.items():
             self.hosts[name] = self._start_host(name, role_of(spec.participants[0]), spec)
             self.members[name] = spec.participants
             self.specs[name] = spec
+        self._build(list(self.hosts))
 
     def run_phase(
         self, round_index: int, phase: Phase, inboxes: dict, sampled: tuple[int, ...]
-    ) -> tuple[list[Envelope], list[tuple[str, dict]]]:
-        """Run a phase on every host holding one of the inboxes' participants.
-
-        Returns the envelopes the participants sent and the rows their steps recorded.
-        """
+    ) -> PhaseResult:
+        """Run a phase on every host holding one of the inboxes' participants."""
         calls = {}
         for name, participants in self.members.items():
             mine = {p: inboxes[p] for p in participants if p in inboxes}
             if mine:
                 calls[name] = (round_index, phase, mine, sampled)
-        results = self._call("run_phase", calls)
-        envelopes = [e for name in calls for e in results.get(name, ([], []))[0]]
-        records = [r for name in calls for r in results.get(name, ([], []))[1]]
-        return envelopes, records
+        answer = self._call("run_phase", calls)
+        result = PhaseResult(lost=answer.lost)
+        for name in calls:
+            if name in answer.value:
+                result.add(answer.value[name])
+        return result
 
-    def evaluate(self) -> list[dict]:
-        """Per-client test metrics from every client host."""
-        calls = {
-            name: () for name, members in self.members.items() if role_of(members[0]) == "client"
-        }
-        results = self._call("evaluate", calls)
-        return sorted((row for rows in results.values() for row in rows), key=lambda r: r["client"])
+    def client_hosts(self) -> list[str]:
+        return [name for name, members in self.members.items() if role_of(members[0]) == "client"]
 
-    def hold_for_evaluation(self, envelopes: list[Envelope]) -> None:
+    def evaluate(self) -> Answer:
+        """Per-client test metrics from every client host (rows sorted by client)."""
+        answer = self._call("evaluate", {name: () for name in self.client_hosts()})
+        rows = sorted(
+            (row for rows in answer.value.values() for row in rows), key=lambda r: r["client"]
+        )
+        return Answer(rows, answer.lost)
+
+    def hold_for_evaluation(self, envelopes: list[Envelope]) -> Answer:
         """Hand each client host the evaluation copies for its clients: every distinct
         payload once per host, however many of its clients share it."""
         calls = {}
@@ -110,17 +127,23 @@ class Executor(ABC):
                     distinct[id(envelope.payload)] = len(payloads)
                     payloads.append(envelope.payload)
             calls[name] = (payloads, {e.dst: distinct[id(e.payload)] for e in mine})
-        self._call("hold_for_evaluation", calls)
+        return Answer(None, self._call("hold_for_evaluation", calls).lost)
 
-    def state_report(self) -> dict[str, int]:
+    def state_report(self) -> Answer:
         """Clients' kept state over every client host: bytes resident and spilled."""
-        calls = {name: () for name, members in self.members.items()
-                 if role_of(members[0]) == "client"}  # fmt: skip
+        answer = self._call("state_report", {name: () for name in self.client_hosts()})
         total: dict[str, int] = {}
-        for report in self._call("state_report", calls).values():
+        for report in answer.value.values():
             for key, value in report.items():
                 total[key] = total.get(key, 0) + value
-        return total
+        return Answer(total, answer.lost)
+
+    def state(self, participant: str) -> Answer:
+        """What `participant` keeps between rounds, fetched from its host (None: no host of
+        this federation holds it)."""
+        hosts = [name for name, members in self.members.items() if participant in members]
+        answer = self._call("state", {name: (participant,) for name in hosts})
+        return Answer(next(iter(answer.value.values()), None), answer.lost)
 
     def memory_available(self) -> int:
         """Memory the hosts may use: this machine's (inline), the cluster's (Ray)."""
@@ -128,24 +151,24 @@ class Executor(ABC):
 
         return available_memory()
 
-    def peak_memory(self) -> dict[str, int]:
+    def peak_memory(self) -> Answer:
         """Peak resident bytes of every host's process (inline: all the same process)."""
         return self._call("peak_memory", {name: () for name in self.hosts})
 
-    def drop(self, name: str, method: str, detail: str) -> None:
-        """Go on without client host `name` (its participants are lost for good)."""
+    def drop(self, name: str, method: str, detail: str) -> dict:
+        """Go on without client host `name` (its participants are lost for good); the row
+        that says so."""
         self.lost.update(self.members[name])
-        self.dropped.append(
-            {"host": name, "node": self.nodes.get(name, "?"), "during": method,
-             "participants": list(self.members[name]), "error": detail}
-        )  # fmt: skip
+        row = {
+            "host": name,
+            "node": self.nodes.get(name, "?"),
+            "during": method,
+            "participants": list(self.members[name]),
+            "error": detail,
+        }
         for table in (self.hosts, self.members, self.specs):
             table.pop(name, None)
-
-    def drain_dropped(self) -> list[dict]:
-        """Hosts dropped since the last call."""
-        dropped, self.dropped = self.dropped, []
-        return dropped
+        return row
 
     def participants(self) -> list[str]:
         """Every participant the hosts hold now."""
@@ -153,12 +176,12 @@ class Executor(ABC):
 
     def probe(self, directory: str) -> dict[str, bool]:
         """Each host writes `<directory>/<host>` and reports whether it sees the driver's
-        marker there (check_shared in driver.py)."""
-        return self._call("probe", {name: (directory, name) for name in self.hosts})
+        marker there (checkpoints.check_shared)."""
+        return self._call("probe", {name: (directory, name) for name in self.hosts}).value
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: str) -> Answer:
         """Every host writes its own participants' state (nothing goes through the driver)."""
-        self._call("save", {name: (directory,) for name in self.hosts})
+        return Answer(None, self._call("save", {name: (directory,) for name in self.hosts}).lost)
 
     def shutdown(self) -> None:
         self._close_hosts()
@@ -171,8 +194,7 @@ class Executor(ABC):
 
     def _close_hosts(self) -> None:
         try:  # spilled client state is local scratch: remove it
-            self._call("close", {name: () for name, members in self.members.items()
-                                 if role_of(members[0]) == "client"})  # fmt: skip
+            self._call("close", {name: () for name in self.client_hosts()})
         except Exception as error:  # a lost host's scratch is gone with its node or process
             log.warning("closing hosts: %s", error)
 
@@ -190,5 +212,13 @@ class InlineExecutor(Executor):
     def _start_host(self, name, role, spec):
         return ParticipantHost(spec)
 
+    def _build(self, names):
+        for name in names:
+            try:
+                self.hosts[name].build()
+            except Exception as error:
+                raise build_error(name, error) from error
+
     def _call(self, method, calls):
-        return {name: getattr(self.hosts[name], method)(*args) for name, args in calls.items()}
+        results = {name: getattr(self.hosts[name], method)(*args) for name, args in calls.items()}
+        return Answer(results)

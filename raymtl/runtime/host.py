@@ -9,13 +9,13 @@ give identical results.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from dataclasses import dataclass
 
 import torch
 
 from raymtl.algorithms.base import (
+    HOLDER_TABLE,
     FederationInfo,
     Phase,
     State,
@@ -28,18 +28,14 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.training import evaluate
 from raymtl.config import ExperimentConfig
 from raymtl.models.registry import num_params
-from raymtl.runtime.checkpoints import (
-    checkpoint_dir,
-    checkpoint_file,
-    index_file,
-    read_blob,
-    saved_clients,
-    write_blob,
-)
+from raymtl.plugins import load_plugins
+from raymtl.runtime.checkpoints import checkpoint_dir, read_host_checkpoint, write_host_checkpoint
 from raymtl.runtime.clients import HostedClients, state_budget
-from raymtl.runtime.faults import AlgorithmWarnings
-from raymtl.runtime.host_data import HostData, HostModels, client_row, precision, warm_up
+from raymtl.runtime.compute import precision, warm_up
+from raymtl.runtime.host_data import HostData, HostModels, client_row
+from raymtl.runtime.results import PhaseResult
 from raymtl.runtime.router import Envelope
+from raymtl.runtime.step_warnings import AlgorithmWarnings
 from raymtl.runtime.storage import Location
 
 log = logging.getLogger(__name__)
@@ -49,7 +45,7 @@ log = logging.getLogger(__name__)
 class HostSpec:
     """Everything a host needs to build its participants (metadata and indices only)."""
 
-    config: dict  # the resolved ExperimentConfig, as a plain mapping
+    config: ExperimentConfig  # validated once, by the driver: hosts never validate it again
     federation: FederationInfo
     participants: tuple[str, ...]
     shards: dict  # client participant -> ClientShard (indices into the source)
@@ -62,23 +58,42 @@ class HostSpec:
     resume_round: int = 0
     public: object = None  # data.domains.PublicShard, decoded only if the algorithm uses it
     pools: dict | None = None  # source -> the decoded pool in Ray's object store (a ref)
+    # Folders the driver imported plugins from (raymtl.plugins.search_paths): a host imports
+    # `config.plugins` from them before it builds anything.
+    plugin_paths: tuple[str, ...] = ()
 
 
 class ParticipantHost:
-    """Holds participants' states and runs the algorithm's steps on them."""
+    """Holds participants' states and runs the algorithm's steps on them.
+
+    Made in two calls: the constructor keeps the spec only, `build` builds everything. An
+    error in `build` (a plugin that does not import, data missing on this node) is then an
+    answer to that call, reported as such, and not the death of a host.
+    """
 
     def __init__(self, spec: HostSpec):
-        torch.set_num_threads(max(1, spec.torch_threads))
         self.spec = spec
-        self.config = ExperimentConfig.model_validate(spec.config)
+
+    def build(self) -> bool:
+        """Import the plugins, then build the algorithm, the data and the participants (and
+        load the checkpoint the driver resumes from)."""
+        spec = self.spec
+        self.config = spec.config
+        load_plugins(self.config.plugins, spec.plugin_paths)
+        torch.set_num_threads(max(1, spec.torch_threads))
         algorithm_cls = get_algorithm(self.config.algorithm.name)
         self.models = HostModels(self.config, spec)
         self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self.models.build)
         self.data = HostData(self.config, spec, self.algorithm.uses_public, self.pool)
         # Clients are built on first use (clients.py); other roles are few and kept whole.
-        self.clients = HostedClients(self.algorithm.keeps, self._init_client, self.data.client,
-                                     self.model_name, state_budget(self.config, spec),
-                                     self.config.runtime.spill_dir)  # fmt: skip
+        self.clients = HostedClients(
+            self.algorithm.keeps,
+            self._init_client,
+            self.data.client,
+            self.model_name,
+            state_budget(self.config, spec),
+            self.config.runtime.spill_dir,
+        )
         self.states: dict[str, State] = {
             p: self.algorithm.init_state(p, None, spec.federation)
             for p in spec.participants
@@ -88,6 +103,7 @@ class ParticipantHost:
             root = Location.of(spec.checkpoint_root)
             self.load(checkpoint_dir(root, spec.resume_round).uri)
         self.warm_up()
+        return True
 
     def warm_up(self) -> None:
         clients = self.client_participants()
@@ -105,8 +121,7 @@ class ParticipantHost:
         return self.models.name_of(participant)
 
     def _init_client(self, participant: str, data) -> State:
-        with self.models.building(participant):  # a client's model is the one it was given
-            return self.algorithm.init_state(participant, data, self.spec.federation)
+        return self.algorithm.init_state(participant, data, self.spec.federation)
 
     def pool(self, source: str):
         """A source's decoded pool: the object store's copy under Ray (actors.py)."""
@@ -118,46 +133,53 @@ class ParticipantHost:
         phase: Phase,
         inboxes: dict[str, list[Envelope]],
         sampled: tuple[int, ...],
-    ) -> tuple[list[Envelope], list[tuple[str, dict]]]:
-        """Run `phase.step` for every participant in `inboxes`.
-
-        Returns their outboxes as envelopes and the metadata rows the steps recorded.
-        """
-        step = getattr(self.algorithm, phase.step)
-        outgoing: list[Envelope] = []
-        records: list[tuple[str, dict]] = []
+    ) -> PhaseResult:
+        """Run `phase.step` for every participant in `inboxes`: their outboxes as envelopes,
+        the rows their steps logged, the roles' holders and the warnings they raised."""
+        step, result = getattr(self.algorithm, phase.step), PhaseResult()
         for batch in self._batches(phase, inboxes):
             inputs = [self._inputs(p, inboxes[p], round_index, sampled) for p in batch]
             states = [self._checkout(p, slot) for slot, p in enumerate(batch)]
             inbox_list, contexts = [i for i, _, _ in inputs], [c for _, _, c in inputs]
             with AlgorithmWarnings() as warned, self.precision(batch[0]):
-                if len(batch) == 1:
-                    results = [step(states[0], inbox_list[0], contexts[0])]
-                else:  # clients trained together (runtime.batch_clients)
-                    results = self.algorithm.train_batch(states, inbox_list, contexts)
+                if self._batched(phase):  # clients trained together (runtime.batch_clients)
+                    outputs = self.algorithm.train_batch(states, inbox_list, contexts)
+                else:  # one participant
+                    outputs = [step(states[0], inbox_list[0], contexts[0])]
             who = "+".join(batch)
-            records += [("warnings", {"participant": who, "step": phase.step, "message": text})
-                        for text in warned.messages]  # fmt: skip
+            result.warnings += [
+                {"participant": who, "step": phase.step, "message": text}
+                for text in warned.messages
+            ]
             for slot, (participant, (_, stored, ctx), (state, outbox)) in enumerate(
-                zip(batch, inputs, results, strict=True)
+                zip(batch, inputs, outputs, strict=True)
             ):
                 self._checkin(participant, state, slot)
-                outgoing += self._envelopes(outbox, stored)
-                records += ctx.records
-        return outgoing, records
+                result.envelopes += self._envelopes(outbox, stored)
+                for table, row in ctx.records:
+                    if table == HOLDER_TABLE:  # who holds a role (a task leader) this round
+                        result.holders[row["participant"]] = row["client"]
+                    else:
+                        result.tables.append((table, row))
+        return result
+
+    def _batched(self, phase: Phase) -> bool:
+        """runtime.batch_clients > 1 trains the clients of a "train" phase together."""
+        train = phase.role == "client" and phase.step == "train"
+        return train and self.config.runtime.batch_clients > 1
 
     def _batches(self, phase: Phase, inboxes: dict) -> list[list[str]]:
-        """Participants one by one; with runtime.batch_clients > 1, a client "train" phase of
-        an algorithm that has `train_batch` goes in groups of one architecture."""
-        size = self.config.runtime.batch_clients
-        batched = phase.role == "client" and phase.step == "train"
-        if size == 1 or not batched or not hasattr(self.algorithm, "train_batch"):
+        """Participants one by one; a batched phase (`_batched`) in groups of up to
+        runtime.batch_clients clients of one architecture."""
+        if not self._batched(phase):
             return [[participant] for participant in inboxes]
+        size = self.config.runtime.batch_clients
         by_key: dict[tuple, list[str]] = {}
         for participant in inboxes:
             by_key.setdefault(self.clients.key(participant), []).append(participant)
-        return [group[k : k + size] for group in by_key.values()
-                for k in range(0, len(group), size)]  # fmt: skip
+        return [
+            group[k : k + size] for group in by_key.values() for k in range(0, len(group), size)
+        ]
 
     def _inputs(self, participant: str, envelopes: list[Envelope], round_index, sampled):
         """A step's inbox, the stored payloads by tensors' identity, and its context."""
@@ -195,8 +217,11 @@ class ParticipantHost:
             if id(message.tensors) not in stored:
                 stored[id(message.tensors)] = self.put(message.tensors)
             payload, bits = stored[id(message.tensors)], payload_bits(message.tensors)
-            envelopes.append(Envelope(message.src, message.dst, message.kind, bits, payload,
-                                      message.evaluation_only))  # fmt: skip
+            envelopes.append(
+                Envelope(
+                    message.src, message.dst, message.kind, bits, payload, message.evaluation_only
+                )
+            )
         return envelopes
 
     def hold_for_evaluation(self, payloads: list, owners: dict[str, int]) -> bool:
@@ -221,12 +246,23 @@ class ParticipantHost:
             rows.append(client_row(shard, state.data, metrics, name, num_params(model)))
         return rows
 
+    def state(self, participant: str) -> dict:
+        """A copy of what `participant` keeps between rounds: `{"model": its state_dict (None
+        when the algorithm keeps no model of it), "extras": its extras}`, on the CPU."""
+        if role_of(participant) == "client":
+            state = self.clients.checkout(participant)
+            keeps_model = "model" in self.algorithm.keeps
+        else:
+            state, keeps_model = self.states[participant], True
+        model = state.model.state_dict() if keeps_model and state.model is not None else None
+        return cpu_copy({"model": model, "extras": state.extras})
+
     def state_report(self) -> dict:
         """Bytes of clients' kept state resident and spilled, and the working models."""
         return self.clients.report()
 
     def precision(self, participant: str):
-        """runtime.precision for a client's steps and evaluation (host_data.precision)."""
+        """runtime.precision for a client's steps and evaluation (compute.precision)."""
         if role_of(participant) != "client":
             return contextlib.nullcontext()
         return precision(self.config.runtime.precision, self.spec.device)
@@ -237,40 +273,37 @@ class ParticipantHost:
             self.states[participant] = self.algorithm.rehost(participant, state)
         return True
 
-    def save(self, directory: str) -> None:
-        """Write each hosted participant's state (model + extras) under `directory` (a path or
-        a URI: this host writes its own files, on whatever node it runs). Clients that never
-        took part have nothing to save; the host's index names the clients it saved."""
-        folder = Location.of(directory)
-        for participant, state in self.states.items():
-            model = state.model.state_dict() if state.model is not None else None
-            write_blob(
-                checkpoint_file(folder, participant), {"model": model, "extras": state.extras}
-            )
+    def save(self, directory: str) -> bool:
+        """Write each hosted participant's state (model + extras) under `directory`: every
+        coordinator's, and each client's that took part (checkpoints.write_host_checkpoint)."""
+        coordinators = {
+            participant: {
+                "model": state.model.state_dict() if state.model is not None else None,
+                "extras": state.extras,
+            }
+            for participant, state in self.states.items()
+        }
         clients = self.client_participants()
-        if not clients:
-            return
-        saved = []
-        for participant, blob in self.clients.saved_blobs():
-            write_blob(checkpoint_file(folder, participant), blob)
-            saved.append(participant)
-        index_file(folder, clients[0]).write_text(json.dumps(sorted(saved)))
+        write_host_checkpoint(
+            directory,
+            coordinators,
+            self.clients.saved_blobs() if clients else (),
+            clients[0] if clients else None,
+        )
+        return True
 
     def load(self, directory: str) -> None:
         """Restore hosted participants from a checkpoint folder (data is rebuilt)."""
-        folder = Location.of(directory)
-        for participant, state in self.states.items():
-            blob = self._read(folder, participant)
+        coordinators, clients = read_host_checkpoint(
+            directory, list(self.states), self.client_participants(), self.spec.device, self.node()
+        )
+        for participant, blob in coordinators.items():
+            state = self.states[participant]
             if blob["model"] is not None:
                 state.model.load_state_dict(blob["model"])
             state.extras = blob["extras"]
-        saved = saved_clients(folder)  # None: a checkpoint from before indexes: every client
-        for participant in self.client_participants():
-            if saved is None or participant in saved:
-                self.clients.restore(participant, self._read(folder, participant))
-
-    def _read(self, folder: Location, participant: str) -> dict:
-        return read_blob(checkpoint_file(folder, participant), self.spec.device, self.node())
+        for participant, blob in clients.items():
+            self.clients.restore(participant, blob)
 
     def close(self) -> bool:
         """Remove this host's spilled client state (local disk)."""
@@ -296,3 +329,14 @@ class ParticipantHost:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def cpu_copy(value):
+    """`value` with every tensor inside it (dicts, lists, tuples) copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: cpu_copy(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(cpu_copy(item) for item in value)
+    return value

@@ -1,5 +1,5 @@
 """A host's data and models: the decoded pools, each client's tensors, the public set, and
-the models it builds.
+the models it builds (each architecture once, then copies).
 
 Under Ray the driver puts every pool in the object store once per run (`share_pools`): the
 actors of a node map that one copy (numpy arrays, zero-copy) instead of each reading and
@@ -9,7 +9,6 @@ A client's float tensors are still built (`materialize`) by its own host, on fir
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import warnings
 from dataclasses import replace
@@ -22,8 +21,8 @@ from raymtl.data.sources import Pool
 
 def pool_to_shared(pool: Pool) -> dict:
     """A Pool as numpy arrays plus metadata: what goes into Ray's object store."""
-    return {"x": pool.x.numpy(), "y": pool.y.numpy(),
-            "meta": replace(pool, x=torch.empty(0), y=torch.empty(0))}  # fmt: skip
+    meta = replace(pool, x=torch.empty(0), y=torch.empty(0))
+    return {"x": pool.x.numpy(), "y": pool.y.numpy(), "meta": meta}
 
 
 def pool_from_shared(shared: dict) -> Pool:
@@ -34,16 +33,35 @@ def pool_from_shared(shared: dict) -> Pool:
     return replace(shared["meta"], x=x, y=y)
 
 
+def cached_factory(build, seed_rng):
+    """`build(name, num_classes)` once per architecture, then copies of it.
+
+    The copy leaves the random generator as the build left it, so whatever an algorithm's
+    init_state draws next (FedMuscle's projection) is what it would have drawn anyway.
+    """
+    built: dict[tuple, tuple] = {}
+
+    def factory(name: str, num_classes: int):
+        key = (name, num_classes)
+        if key not in built:
+            seed_rng()
+            model = build(name, num_classes)
+            built[key] = (copy.deepcopy(model), torch.get_rng_state())
+            return model
+        model, rng_state = built[key]
+        torch.set_rng_state(rng_state)
+        return copy.deepcopy(model)
+
+    return factory
+
+
 class HostModels:
     """The models a host builds: each architecture once (seeded: every participant's model of
-    one architecture starts from one init), then copies (clients.cached_factory)."""
+    one architecture starts from one init), then copies (`cached_factory`)."""
 
     def __init__(self, config, spec):
-        from raymtl.runtime.clients import cached_factory
-
         self.config, self.spec = config, spec
         self.factory = cached_factory(self.new_model, self.seed_init)
-        self.current: str | None = None  # the participant whose init_state is running
 
     def name_of(self, participant: str | None) -> str:
         """The model `participant` trains (clients may differ; other roles: model.name)."""
@@ -52,17 +70,9 @@ class HostModels:
             return self.config.model.name
         return models[int(participant.split("/")[1])]
 
-    @contextlib.contextmanager
-    def building(self, participant: str):
-        self.current = participant
-        try:
-            yield
-        finally:
-            self.current = None
-
-    def build(self, num_classes: int):
-        """The algorithm's model_factory: the model of the participant being set up."""
-        return self.factory(self.name_of(self.current), num_classes)
+    def build(self, participant: str, num_classes: int):
+        """The algorithm's model_factory: the model `participant` trains."""
+        return self.factory(self.name_of(participant), num_classes)
 
     def seed_init(self) -> None:
         from raymtl.algorithms.training import derive_seed
@@ -119,29 +129,6 @@ class HostData:
             )
             self._public = images.to(self.spec.device)
         return self._public
-
-
-def precision(setting: str, device: str):
-    """runtime.precision (Lightning's names): under bf16-mixed, matmuls and convolutions run
-    in bfloat16 while weights, optimiser state and every other role's maths (aggregation,
-    HCA, graphs) stay in float32."""
-    if setting != "bf16-mixed":
-        return contextlib.nullcontext()
-    kind = "cuda" if device.startswith("cuda") else "cpu"
-    # No cast cache: a step runs many optimiser steps inside this one context, and cached
-    # bfloat16 copies of the weights would freeze them at their first value.
-    return torch.autocast(device_type=kind, dtype=torch.bfloat16, cache_enabled=False)
-
-
-def warm_up(state, autocast) -> None:
-    """A fresh process pays torch's one-time costs on its first training step (the
-    optimiser's first step imports torch._dynamo and its dependencies: ~2.5 s measured,
-    against 0.3 s for a whole later client step): a host pays them while it starts, on a
-    copy of its first client's model, not inside round 1. Nothing of any client changes."""
-    model = copy.deepcopy(state.model)
-    with autocast:
-        model(state.data.train_x[:2]).float().sum().backward()
-    torch.optim.SGD(model.parameters(), lr=0.0).step()
 
 
 def client_row(shard, data, metrics: dict, model: str, model_params: int) -> dict:

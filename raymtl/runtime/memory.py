@@ -2,7 +2,8 @@
 
 An algorithm that keeps large state per client (Sheaf-FMTL: Σ_j d_ij·d_i floats of maps)
 says how much from each client's d_i (`state_size(model)`) and the federation
-(`persistent_bytes`). The runtime builds each architecture once to measure d_i, prints the
+(`persistent_bytes`; None, the default, for an algorithm that keeps nothing beyond its
+models: the check is skipped). The runtime builds each architecture once to measure d_i, prints the
 need per host and in all, and refuses a run above runtime.memory_budget (default: the memory
 Ray reports for the cluster, or this machine's available memory without Ray).
 """
@@ -15,8 +16,8 @@ from pathlib import Path
 
 from raymtl.config import ConfigError
 
-UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_bytes(value: int | str) -> int:
@@ -57,10 +58,11 @@ def client_dims(algorithm, federation, build) -> list[int]:
 
 
 def check_state_memory(algorithm, federation, hosts: dict, budget: int, build) -> dict | None:
-    """Print the per-host and total need; refuse a run above `budget`. Returns the figures."""
-    if not hasattr(algorithm, "persistent_bytes"):
-        return None
+    """Print the per-host and total need; refuse a run above `budget`. Returns the figures
+    (None: the algorithm keeps nothing beyond its models, `persistent_bytes` is None)."""
     per_client = algorithm.persistent_bytes(client_dims(algorithm, federation, build), federation)
+    if per_client is None:
+        return None
     per_host = {
         host: sum(per_client[int(p.split("/")[1])] for p in members if p.startswith("client/"))
         for host, members in hosts.items()

@@ -1,6 +1,7 @@
 """The RayExecutor: hosts as Ray actors with fractional resources; payloads stay in the
-object store. A lost host raises `HostsLost` (the driver rolls the federation back), or is
-dropped for good while enough clients answer (runtime.min_clients_fraction)."""
+object store. A lost host raises `HostsLost` (the federation rolls back), or is dropped for
+good while enough clients answer (runtime.min_clients_fraction). An error raised while an
+actor is built is a `ConfigError` naming the host: replaying would only raise it again."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import uuid
 
 from raymtl.algorithms.base import role_of
 from raymtl.config import RuntimeConfig
-from raymtl.runtime.executor import REHOSTABLE_ROLES, Executor, HostsLost
+from raymtl.runtime.executor import REHOSTABLE_ROLES, Executor, HostsLost, build_error
+from raymtl.runtime.results import Answer
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,10 @@ class RayExecutor(Executor):
         from raymtl.runtime.actors import ACTOR_OF_ROLE
 
         if role == "graph":  # the graph service also hosts the algorithm's graph steps
-            self._ray.get(self.graph.attach.remote(spec))
+            try:
+                self._ray.get(self.graph.attach.remote(spec))
+            except self._ray.exceptions.RayTaskError as error:  # the spec did not unpickle
+                raise build_error(name, error.cause or error) from error
             return self.graph
         if role == "client":
             resources = {
@@ -77,6 +82,26 @@ class RayExecutor(Executor):
         return actor_cls.options(
             name=f"raymtl-{self.tag}-{name}", max_restarts=0, max_task_retries=0, **resources
         ).remote(spec)
+
+    def _build(self, names):
+        """Build every named actor in parallel. An exception raised by `build`, or by the
+        actor's creation (its spec could not be unpickled there), is the configuration's or
+        the node's: one ConfigError line. An actor that died otherwise is a lost host."""
+        refs = {name: self.hosts[name].build.remote() for name in names}
+        failed, detail = [], ""
+        for name, ref in refs.items():
+            try:
+                self._ray.get(ref)
+            except self._ray.exceptions.RayTaskError as error:
+                raise build_error(name, error.cause or error) from error
+            except self._ray.exceptions.RayActorError as error:
+                if error.actor_init_failed:
+                    raise build_error(name, creation_error(error)) from error
+                failed.append(name)
+                detail = detail or " ".join(str(error).split())[:200]
+        if failed:
+            nodes = {name: self.nodes.get(name, "?") for name in failed}
+            raise HostsLost("build", failed, nodes, detail)
 
     def _call(self, method, calls):
         refs = {
@@ -99,8 +124,7 @@ class RayExecutor(Executor):
                 else:
                     failed.append(name)
                     detail = detail or " ".join(str(error).split())[:200]
-        self._check_quorum(method, calls, failed, detail)
-        return results
+        return Answer(results, self._check_quorum(method, calls, failed, detail))
 
     def _rehost(self, name: str, method: str, args: tuple):
         """Start a new host for a lost one whose roles can move (a task leader) and repeat
@@ -109,32 +133,40 @@ class RayExecutor(Executor):
         spec = self.specs[name]
         role = role_of(spec.participants[0])
         handle = self._start_host(f"{name}-r{self.rehosted[name]}", role, spec)
-        self._ray.get(handle.rehost.remote())
         self.hosts[name] = handle
+        self._build([name])
+        self._ray.get(handle.rehost.remote())
         log.warning("host %s replaced (%d); repeating %s", name, self.rehosted[name], method)
         return self._ray.get(getattr(handle, method).remote(*args))
 
-    def _check_quorum(self, method: str, calls: dict, failed: list[str], detail: str) -> None:
-        """A call proceeds when enough of the participants it reached answered."""
+    def _check_quorum(self, method: str, calls: dict, failed: list[str], detail: str) -> list:
+        """A call proceeds when enough of the participants it reached answered: the hosts it
+        goes on without (dropped for good), or HostsLost."""
         if not failed:
-            return
+            return []
         reached = sum(len(self.members[name]) for name in calls)
         lost = sum(len(self.members[name]) for name in failed)
         coordinator = any(role_of(self.members[name][0]) != "client" for name in failed)
         if coordinator or reached - lost < self.runtime.min_clients_fraction * reached:
             nodes = {name: self.nodes.get(name, "?") for name in failed}
-            raise HostsLost(method, failed, nodes, f"only {reached - lost} of {reached} "
-                            f"participants answered; {detail}")  # fmt: skip
-        for name in failed:  # enough answered: the run goes on without these clients
-            self.drop(name, method, detail)
+            answered = f"only {reached - lost} of {reached} participants answered"
+            raise HostsLost(method, failed, nodes, f"{answered}; {detail}")
+        return [self.drop(name, method, detail) for name in failed]
 
     def start(self, specs):
         super().start(specs)
-        # Fail fast (and time set-up separately from rounds): every actor is built; where.
-        self.nodes = self._call("node", {name: () for name in self.hosts})
+        # Where each actor runs (faults.parquet names the node of a lost host).
+        self.nodes = self._call("node", {name: () for name in self.hosts}).value
 
     def shutdown(self):
         self._close_hosts()  # before the actors go: their spilled state is on local disk
         for handle in {id(h): h for h in [*self.hosts.values(), self.graph]}.values():
             self._ray.kill(handle)
         self._forget_hosts()
+
+
+def creation_error(error) -> str:
+    """What an actor's creation task raised (its traceback's last line), from the
+    RayActorError that reports it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__

@@ -63,8 +63,9 @@ class Router:
 
     def waiting(self) -> set[str]:
         """Participants with envelopes waiting for a step (evaluation copies do not count)."""
-        return {dst for dst, queue in self._pending.items()
-                if any(not e.evaluation_only for e in queue)}  # fmt: skip
+        return {
+            dst for dst, queue in self._pending.items() if any(not e.evaluation_only for e in queue)
+        }
 
     def take(self, participants: list[str]) -> dict[str, list[Envelope]]:
         """Hand the waiting envelopes of `participants` over (they leave the router); an

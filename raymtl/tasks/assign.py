@@ -7,47 +7,41 @@
     several tasks           the partition's tasks (task_groups, *_tasks) map to them in order;
                             otherwise clients are dealt to them in file order by `clients`
 
-Head sizes come from the targets: the classes of a label task, or the columns of the
-attribute / landmark tables the source's images give.
+Head sizes come from the targets: the classes of a label task, or the columns (classes) of
+the table a registered target computes from the source (tasks/registry.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from raymtl.tasks.spec import LOSS_OF_TARGETS, METRICS_OF_LOSS, OptimizerSpec, TaskSpec, label_task
+from raymtl.tasks.registry import get_target, target_outputs
+from raymtl.tasks.spec import OptimizerSpec, TaskSpec, label_task
 
 
 def _fail(index: int, field: str, problem: str) -> ValueError:
     return ValueError(f"data.tasks.{index}.{field}: {problem}")
 
 
-def target_outputs(pool, targets: str, label_classes) -> int:
-    """The head size a task's targets need on this pool."""
-    if targets == "label":
-        return len(label_classes) if label_classes else pool.num_classes
-    from raymtl.tasks.targets import TARGET_BUILDERS
-
-    return int(TARGET_BUILDERS[targets](pool).values.shape[1])
-
-
 def resolve_task(index: int, task, pool, label_classes) -> TaskSpec:
     """A `data.tasks` entry (TaskConfig) resolved against the pool."""
-    outputs = target_outputs(pool, task.targets, label_classes)
+    target = get_target(task.targets)
+    try:
+        outputs = target_outputs(pool, task.targets, label_classes)
+    except ValueError as error:  # the target cannot be computed on this pool
+        message = str(error).splitlines()[0].removeprefix(f"targets '{task.targets}': ")
+        raise _fail(index, "targets", message) from None
     if task.outputs is not None and task.outputs != outputs:
-        raise _fail(index, "outputs", f"{task.outputs}, but targets '{task.targets}' of this "
-                    f"dataset give {outputs}")  # fmt: skip
-    if task.targets != "label" and pool.x.shape[1] != 1:
-        raise _fail(index, "targets", f"'{task.targets}' needs grayscale images")
-    loss = LOSS_OF_TARGETS[task.targets]
+        given = f"{task.outputs}, but targets '{task.targets}' of this dataset give {outputs}"
+        raise _fail(index, "outputs", given)
     optimizer = OptimizerSpec(**task.optimizer.model_dump()) if task.optimizer else None
     return TaskSpec(
         name=task.name,
         targets=task.targets,
-        loss=loss,
+        loss=target.loss,
         outputs=outputs,
         optimizer=optimizer,
-        metrics=tuple(task.metrics or METRICS_OF_LOSS[loss]),
+        metrics=tuple(task.metrics or target.metrics),
         label_classes=tuple(label_classes) if label_classes else None,
     )
 
@@ -72,24 +66,30 @@ def assign_tasks(cfg, pools: dict, shards) -> tuple[list, list[TaskSpec]]:
         ]
         return shards, specs
     if len(declared) == 1:  # one kind of task; a relabelling partition still sizes each head
-        specs = [resolve_task(0, declared[0], pool, classes) for _, classes in
-                 sorted(by_partition.items())]  # fmt: skip
+        specs = [
+            resolve_task(0, declared[0], pool, classes)
+            for _, classes in sorted(by_partition.items())
+        ]
         if len(specs) > 1:
             specs = [dataclasses.replace(s, name=f"{s.name}-{t}") for t, s in enumerate(specs)]
         return shards, specs
-    if any(shard.rotation or shard.mask_prob for shard in shards) and any(
-        task.targets != "label" for task in declared
-    ):
-        raise ValueError("data.partition.rotations: attribute and landmark targets are "
-                         "computed on upright, unmasked images")  # fmt: skip
+    transformed = any(shard.rotation or shard.mask_prob for shard in shards)
+    if transformed and not all(get_target(task.targets).from_labels for task in declared):
+        raise ValueError(
+            "data.partition.rotations: targets other than labels are computed on upright, "
+            "unmasked images"
+        )
     if len(by_partition) > 1:  # the partition decides who solves which task
         if len(by_partition) != len(declared):
-            raise ValueError(f"data.tasks: {len(declared)} tasks, but partition "
-                             f"'{cfg.data.partition.kind}' has {len(by_partition)}")  # fmt: skip
+            raise ValueError(
+                f"data.tasks: {len(declared)} tasks, but partition "
+                f"'{cfg.data.partition.kind}' has {len(by_partition)}"
+            )
         specs = [resolve_task(t, task, pool, by_partition[t]) for t, task in enumerate(declared)]
         return shards, specs
     task_of = [t for t, task in enumerate(declared) for _ in range(task.clients)]
     shards = [dataclasses.replace(shard, task=task_of[shard.client_id]) for shard in shards]
-    specs = [resolve_task(t, task, pools[cfg.data.source_of(t)], None)
-             for t, task in enumerate(declared)]  # fmt: skip
+    specs = [
+        resolve_task(t, task, pools[cfg.data.source_of(t)], None) for t, task in enumerate(declared)
+    ]
     return shards, specs

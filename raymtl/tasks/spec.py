@@ -5,10 +5,13 @@ classification task (the source's labels, cross-entropy, the algorithm's SGD);
 ColNet and FedMuscle federations mix tasks of different kinds, e.g. multi-label
 attributes (BCE, AdamW) beside landmark regression (MSE, Adam).
 
-    targets      loss            head outputs          metrics
-    label        cross_entropy   classes of the task   accuracy
-    attributes   bce             binary attributes     precision, recall, f1 (micro)
-    landmarks    mse             landmark values       mse, mae
+    loss            metrics
+    cross_entropy   accuracy
+    bce             precision, recall, f1 (micro)
+    mse             mse, mae
+
+The targets a task learns (label, attributes, landmarks, a plugin's) and the loss each
+brings are registered in tasks/registry.py.
 
 A `TaskSpec` is plain, frozen metadata: it travels inside the `FederationInfo` to
 every host, and a client's data carries its own spec.
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LOSS_OF_TARGETS = {"label": "cross_entropy", "attributes": "bce", "landmarks": "mse"}
 METRICS_OF_LOSS = {
     "cross_entropy": ("accuracy",),
     "bce": ("precision", "recall", "f1"),

@@ -28,43 +28,49 @@ Landmarks, a row or column index / (side - 1): bbox_top, bbox_bottom, bbox_left,
 (extreme rows / columns with item pixels), centroid_row, centroid_col (intensity-weighted).
 An empty image gets the whole image as box, its centre as centroid, every attribute 0: no NaN.
 
-Cache: a dict keyed by (pool.source, x's shape and dtype, scale, class names, builder), not by
-id() (reused once a pool is freed); an entry keeps its pool's x and y and serves only the same
-or equal ones, so pools sharing a key are not confused. Returned tensors are shared: read-only.
+Both are registered targets (tasks/registry.py). Cache: a dict keyed by (pool.source, x's
+shape and dtype, scale, class names, builder), not by id() (reused once a pool is freed); an
+entry keeps its pool's x and y and serves only the same or equal ones, so pools sharing a key
+are not confused. Returned tensors are shared: read-only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from raymtl.data.sources import Pool
+from raymtl.data.source_registry import Pool
+from raymtl.tasks.registry import Targets, register_target
 
 ITEM_THRESHOLD = 0.1  # a pixel belongs to the item above this fraction of the maximum intensity
 FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-)  # fmt: skip
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 FASHION_GROUPS = {
     "upper_body": ("T-shirt/top", "Pullover", "Dress", "Coat", "Shirt"),
     "footwear": ("Sandal", "Sneaker", "Ankle boot"),
 }
 LANDMARK_NAMES = (
-    "bbox_top", "bbox_bottom", "bbox_left", "bbox_right", "centroid_row", "centroid_col",
-)  # fmt: skip
+    "bbox_top",
+    "bbox_bottom",
+    "bbox_left",
+    "bbox_right",
+    "centroid_row",
+    "centroid_col",
+)
 # Images per block: whole-pool float temporaries (220 MB on Fashion-MNIST) page-fault for seconds.
 BLOCK_SIZE = 4096
-
-
-@dataclass(frozen=True)
-class Targets:
-    """One row of k target values per image of a pool."""
-
-    values: torch.Tensor  # (N, k) float32
-    names: tuple[str, ...]  # k names
 
 
 def _first_true(flags: torch.Tensor) -> torch.Tensor:
@@ -183,17 +189,19 @@ def _cached(name: str, build: Callable[[Pool], Any], pool: Pool) -> Any:
     return built
 
 
+def _grey(pool: Pool, name: str) -> Pool:
+    if pool.x.shape[1] != 1:
+        raise ValueError(f"'{name}' needs grayscale images")
+    return pool
+
+
+@register_target("attributes", loss="bce")
 def attribute_targets(pool: Pool) -> Targets:
-    """Binary attributes per image (see the module docstring), cached per pool."""
-    return _cached("attributes", _build_attributes, pool)
+    """Binary attributes of grey images (tasks/targets.py), multi-label."""
+    return _cached("attributes", _build_attributes, _grey(pool, "attributes"))
 
 
+@register_target("landmarks", loss="mse")
 def landmark_targets(pool: Pool) -> Targets:
-    """Landmark positions per image in [0, 1] (see the module docstring), cached per pool."""
-    return _cached("landmarks", _build_landmarks, pool)
-
-
-TARGET_BUILDERS: dict[str, Callable[[Pool], Targets]] = {
-    "attributes": attribute_targets,
-    "landmarks": landmark_targets,
-}
+    """Bounding box and intensity centroid of grey images, regression."""
+    return _cached("landmarks", _build_landmarks, _grey(pool, "landmarks"))

@@ -77,7 +77,7 @@ def test_list_shows_every_registry():
 
 
 def test_compare_fans_out_and_report_redraws(tmp_path):
-    path = write(tmp_path)
+    path = write(tmp_path, **{"output.plots": True})
     out = tmp_path / "cmp"
     result = CliRunner().invoke(
         app, ["compare", str(path), "algorithm.name=fedavg,local", "--out", str(out)]
@@ -94,6 +94,17 @@ def test_compare_fans_out_and_report_redraws(tmp_path):
     result = CliRunner().invoke(app, ["report", str(run_dir)])
     assert result.exit_code == 0 and (run_dir / "summary.json").is_file()
     assert (run_dir / "plots" / "accuracy_vs_round.png").is_file()
+
+
+def test_output_plots_false_draws_no_plot_and_report_draws_them(tmp_path):
+    result = CliRunner().invoke(app, ["run", str(write(tmp_path)), "rounds=1"])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = tmp_path.glob("test-*")
+    assert (run_dir / "summary.json").is_file() and (run_dir / "rounds.parquet").is_file()
+    assert not (run_dir / "plots").exists() and "plot:" not in result.output
+    assert "Results:" in result.output and f"results in {run_dir}" in result.output
+    result = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0 and (run_dir / "plots" / "accuracy_vs_round.png").is_file()
 
 
 def test_compare_refuses_different_data(tmp_path):

@@ -123,7 +123,7 @@ def test_a_run_kept_at_a_uri_recovers_and_resumes_from_it(ray_session, make_conf
                                                            monkeypatch):  # fmt: skip
     """output.dir as a URI (file:// here; s3://, gs:// go through the same pyarrow.fs calls):
     the hosts write their checkpoints there, the driver publishes its outputs there."""
-    monkeypatch.setattr("raymtl.runtime.api.DEFAULT_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setattr("raymtl.runtime.run_dirs.DEFAULT_CACHE_ROOT", str(tmp_path / "cache"))
     import raymtl
 
     whole = run_experiment(make_config(**SETTINGS), tmp_path / "whole")
@@ -141,5 +141,5 @@ def test_a_run_kept_at_a_uri_recovers_and_resumes_from_it(ray_session, make_conf
     pd.testing.assert_frame_equal(table(whole, "clients", CLIENT_COLUMNS),
                                   table(remote, "clients", CLIENT_COLUMNS))  # fmt: skip
     longer = raymtl.resume(run_uri, overrides=["rounds=5"])
-    assert longer == run_uri
+    assert longer.uri == run_uri and longer.rounds["round"].tolist() == [1, 2, 3, 4, 5]
     assert raymtl.load_results(run_uri).rounds["round"].tolist() == [1, 2, 3, 4, 5]

@@ -59,6 +59,8 @@ def contains_tensor(value) -> bool:
 def envelopes_in(value) -> list[Envelope]:
     if isinstance(value, Envelope):
         return [value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a PhaseResult
+        return [e for f in dataclasses.fields(value) for e in envelopes_in(getattr(value, f.name))]
     if isinstance(value, list | tuple):
         return [e for item in value for e in envelopes_in(item)]
     return []

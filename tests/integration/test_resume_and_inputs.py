@@ -79,11 +79,11 @@ def test_resume_applies_more_rounds_even_after_the_run_finished(tmp_path):
     assert rounds["round"].tolist() == [1, 2, 3, 4]
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["rounds"] == 4
     longer = raymtl.resume(run_dir, overrides=["rounds=5"])  # a finished run goes on too
-    assert pd.read_parquet(longer / "rounds.parquet")["round"].tolist() == [1, 2, 3, 4, 5]
+    assert longer.rounds["round"].tolist() == [1, 2, 3, 4, 5]
 
 
 def test_the_python_api_runs_and_loads_results(tmp_path):
-    run_dir = raymtl.run(write(tmp_path), overrides=["rounds=1", "output.plots=false"])
+    run_dir = raymtl.run(write(tmp_path), overrides=["rounds=1", "output.plots=false"]).run_dir
     assert run_dir.is_absolute() and run_dir.parent == tmp_path
     results = raymtl.load_results(run_dir)
     assert results.config["rounds"] == 1 and list(results.rounds["round"]) == [1]
@@ -94,11 +94,11 @@ def test_the_python_api_runs_and_loads_results(tmp_path):
 
 
 def test_rejected_non_finite_updates_reach_the_console_and_a_table(tmp_path, caplog):
-    run_dir = raymtl.run(write(tmp_path), overrides=["algorithm.params.lr=1e12"])
+    run_dir = raymtl.run(write(tmp_path), overrides=["algorithm.params.lr=1e12"]).run_dir
     warnings = pd.read_parquet(run_dir / "warnings.parquet")
     assert set(warnings["participant"]) == {"server"} and len(warnings) == 2 * 6
     assert warnings["message"].str.contains("non-finite update").all()
-    driver = [r.getMessage() for r in caplog.records if r.name == "raymtl.runtime.driver"]
+    driver = [r.getMessage() for r in caplog.records if r.name == "raymtl.runtime.round_loop"]
     assert any("round 2, server: rejected a non-finite update" in line for line in driver)
 
 
@@ -106,9 +106,9 @@ def test_bf16_mixed_precision_trains_like_fp32_and_is_recorded(tmp_path):
     """Clients train and evaluate under bfloat16 autocast; the run learns as fp32 does."""
     settings = ["rounds=4", "data.partition.kind=iid", "data.partition.rotations=null",
                 "algorithm.params.epochs=3", "algorithm.params.lr=0.5"]  # fmt: skip
-    fp32 = raymtl.load_results(raymtl.run(write(tmp_path, "a.yaml"), overrides=settings))
-    bf16 = raymtl.load_results(
-        raymtl.run(write(tmp_path, "b.yaml"), overrides=[*settings, "runtime.precision=bf16-mixed"])
+    fp32 = raymtl.run(write(tmp_path, "a.yaml"), overrides=settings)
+    bf16 = raymtl.run(
+        write(tmp_path, "b.yaml"), overrides=[*settings, "runtime.precision=bf16-mixed"]
     )
     assert bf16.config["runtime"]["precision"] == "bf16-mixed"
     first, last = bf16.rounds["mean_loss"].iloc[0], bf16.rounds["mean_loss"].iloc[-1]
@@ -118,7 +118,7 @@ def test_bf16_mixed_precision_trains_like_fp32_and_is_recorded(tmp_path):
 
 
 def test_rounds_say_where_the_seconds_went_and_the_summary_the_throughput(tmp_path):
-    results = raymtl.load_results(raymtl.run(write(tmp_path), overrides=["rounds=2"]))
+    results = raymtl.run(write(tmp_path), overrides=["rounds=2"])
     rounds = results.rounds
     assert rounds["clients_trained"].tolist() == [6, 6]  # FedAvg: every client trains
     for kind in ("seconds_train", "seconds_aggregate", "seconds_evaluate"):

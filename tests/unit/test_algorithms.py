@@ -1,4 +1,5 @@
-"""FedAvg, D-PSGD and hierarchical FedAvg maths against hand-computed values (no Ray)."""
+"""The algorithm contract (base class defaults, `check_contract`, the registry) and FedAvg,
+D-PSGD and hierarchical FedAvg maths against hand-computed values (no Ray)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,22 @@ import math
 
 import pytest
 import torch
+from pydantic import BaseModel
 
-from raymtl.algorithms import get_algorithm
-from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
-from raymtl.algorithms.training import is_finite, weighted_average
+from raymtl.algorithms import all_algorithms, get_algorithm
+from raymtl.algorithms.base import (
+    Algorithm,
+    FederationInfo,
+    Message,
+    Params,
+    Phase,
+    State,
+    StepContext,
+)
+from raymtl.algorithms.fedavg import FedAvg
+from raymtl.algorithms.registry import ALGORITHMS, check_contract, register, register_algorithm
+from raymtl.algorithms.training import is_finite, load_received, weighted_average
+from raymtl.data.client_data import ClientData
 from raymtl.models import build_model
 
 
@@ -22,13 +35,18 @@ def filled(model, value: float) -> dict[str, torch.Tensor]:
     return {name: torch.full_like(t, value) for name, t in model.state_dict().items()}
 
 
+def client_data(x: torch.Tensor, y: torch.Tensor, num_classes: int = 2) -> ClientData:
+    """A client's data with its test split equal to its training split."""
+    return ClientData(x, y, x, y, num_classes, (1, 1, 2))
+
+
 def context(me: str, federation: FederationInfo, round_index: int = 1) -> StepContext:
     return StepContext(me, round_index, 10, 0, tuple(range(federation.num_clients)), federation)
 
 
 def make(name: str, **params):
     cls = get_algorithm(name)
-    return cls(cls.Params(**params), lambda num_classes: logreg(num_classes))
+    return cls(cls.Params(**params), lambda participant, num_classes: logreg(num_classes))
 
 
 def test_weighted_average_is_sample_weighted():
@@ -46,7 +64,9 @@ def test_non_finite_updates_are_rejected():
 
 def test_fedavg_server_average_and_broadcast():
     fedavg = make("fedavg")
-    federation = FederationInfo(3, samples=(10, 30, 60), num_classes=(2, 2, 2), input_shape=(1, 1, 2))
+    federation = FederationInfo(
+        3, samples=(10, 30, 60), num_classes=(2, 2, 2), input_shape=(1, 1, 2)
+    )
     server = fedavg.init_state("server", None, federation)
     inbox = [  # client 2 did not take part this round
         Message("client/1", "server", "model", filled(server.model, 3.0)),
@@ -63,8 +83,7 @@ def test_fedavg_server_average_and_broadcast():
 def test_fedavg_upload_is_the_whole_model():
     fedavg = make("fedavg", epochs=1, batch_size=4)
     federation = FederationInfo(1, samples=(8,), num_classes=(2,), input_shape=(1, 1, 2))
-    data = type("Data", (), {})()
-    data.train_x, data.train_y, data.num_classes = torch.randn(8, 1, 1, 2), torch.zeros(8).long(), 2
+    data = client_data(torch.randn(8, 1, 1, 2), torch.zeros(8).long())
     state = fedavg.init_state("client/0", data, federation)
     _, outbox = fedavg.train(state, [], context("client/0", federation))
     (message,) = outbox
@@ -93,8 +112,7 @@ def test_dpsgd_sends_to_each_neighbour_only():
     dpsgd = make("dpsgd", batch_size=4)
     mixing = {0: {0: 0.5, 1: 0.5}, 1: {0: 0.5, 1: 0.5}, 2: {2: 1.0}}
     federation = FederationInfo(3, (4, 4, 4), (2, 2, 2), (1, 1, 2), mixing=mixing)
-    data = type("Data", (), {})()
-    data.train_x, data.train_y, data.num_classes = torch.randn(4, 1, 1, 2), torch.zeros(4).long(), 2
+    data = client_data(torch.randn(4, 1, 1, 2), torch.zeros(4).long())
     state = dpsgd.init_state("client/0", data, federation)
     _, outbox = dpsgd.train(state, [], context("client/0", federation))
     assert [m.dst for m in outbox] == ["client/1"]
@@ -121,7 +139,7 @@ def test_hfedavg_lps_sends_common_layers_only_on_global_rounds():
     hfedavg = make("hfedavg", global_every=2, common_prefixes=("head.weight",))
     federation = FederationInfo(2, (1, 3), (2, 2), (1, 1, 2), lps_of_client=(0, 0), num_lps=1)
     lps = hfedavg.init_state("lps/0", None, federation)
-    user_model = hfedavg.model_factory(2)
+    user_model = hfedavg.model_factory("client/0", 2)
     inbox = [
         Message("client/0", "lps/0", "model", filled(user_model, 0.0)),
         Message("client/1", "lps/0", "model", filled(user_model, 4.0)),
@@ -136,9 +154,160 @@ def test_hfedavg_lps_sends_common_layers_only_on_global_rounds():
     assert "aggregate_common" in [p.step for p in hfedavg.phases(2, 10)]
 
 
-@pytest.mark.parametrize("name", ["fedavg", "local", "dpsgd", "hfedavg"])
-def test_every_algorithm_is_registered_with_typed_params(name):
+@pytest.mark.parametrize("name", sorted(all_algorithms()))
+def test_every_algorithm_keeps_the_contract_with_typed_params(name):
     cls = get_algorithm(name)
     assert cls.name == name and cls.summary
+    check_contract(cls)  # what `register` checked when the module was imported
     with pytest.raises(ValueError):
         cls.Params(no_such_parameter=1)
+
+
+# -- the contract -------------------------------------------------------------------------
+
+
+class Minimal(Algorithm):
+    """A valid algorithm: one client step."""
+
+    name = "minimal_for_tests"
+
+    def phases(self, round_index, rounds):
+        return [Phase("client", "train", "all")]
+
+    def train(self, state, inbox, ctx):
+        return state, []
+
+
+def broken(**attributes) -> type:
+    """A subclass of Minimal named "broken_for_tests", with `attributes` replaced (functions
+    become methods)."""
+    namespace = {"__module__": "tests.broken", "name": "broken_for_tests", **attributes}
+    return type("Broken", (Minimal,), namespace)
+
+
+class OtherParams(BaseModel):
+    lr: float = 0.1
+
+
+@pytest.mark.parametrize(
+    ("attributes", "says"),
+    [
+        ({"name": ""}, "declares no `name`"),
+        ({"name": None}, "declares no `name`"),
+        ({"Params": OtherParams}, "not a subclass of raymtl.algorithms.base.Params"),
+        ({"shapes": ("star", "ring")}, "shapes = ('star', 'ring'): a tuple of star, peer"),
+        ({"shapes": "star"}, "shapes = 'star': a tuple of"),
+        ({"shapes": ()}, "shapes is empty"),
+        ({"keeps": ("model", "optimizer")}, "keeps = ('model', 'optimizer'): a tuple of model"),
+        ({"task_support": "any"}, "task_support = 'any' is not one of same, labels, different"),
+        ({"model_support": "mixed"}, "model_support = 'mixed' is not one of same, different"),
+        ({"phases": Algorithm.phases}, "does not define phases(round_index, rounds)"),
+        (
+            {"phases": lambda self, r, n: [Phase("client", "train"), Phase("server", "mix")]},
+            "phases(1, 2) names step 'mix' (server), which it does not define",
+        ),
+        (
+            {"phases": lambda self, r, n: [Phase("client", "train" if r == 1 else "tune")]},
+            "phases(2, 2) names step 'tune' (client), which it does not define",
+        ),
+        ({"phases": lambda self, r, n: [Phase("worker", "train")]}, "role 'worker', not one of"),
+        ({"phases": lambda self, r, n: [Phase("client", "train", "some")]}, "who 'some'"),
+        ({"phases": lambda self, r, n: 1 / 0}, "phases(1, 2) raised ZeroDivisionError"),
+    ],
+)
+def test_check_contract_refuses_in_one_line_naming_the_class(attributes, says):
+    cls = broken(**attributes)
+    with pytest.raises(ValueError) as error:
+        check_contract(cls)
+    message = str(error.value)
+    assert message.startswith("algorithm class tests.broken.Broken: ") and "\n" not in message
+    assert says in message
+    with pytest.raises(ValueError, match="tests.broken.Broken"):
+        register(cls)  # register checks first: nothing is registered
+    assert all(c is not cls for c in all_algorithms().values())
+
+
+def test_a_subclass_must_name_itself():
+    class Variant(FedAvg):  # forgot `name`: it must not pass for FedAvg
+        pass
+
+    with pytest.raises(ValueError, match="declares no `name` .* inherit 'fedavg'"):
+        register(Variant)
+    assert get_algorithm("fedavg") is FedAvg
+
+
+def test_check_contract_refuses_what_is_not_an_algorithm():
+    with pytest.raises(ValueError, match="is not a subclass of raymtl.algorithms.base.Algorithm"):
+        check_contract(dict)
+
+
+def test_params_without_defaults_leave_the_steps_to_the_config():
+    class Required(Params):
+        lam: float  # no default: phases() cannot be asked before a config gives it
+
+    check_contract(broken(Params=Required))
+
+
+def test_register_adds_replaces_a_reimport_and_refuses_a_second_class():
+    assert register_algorithm is register
+    cls = register(broken(name="contract_test"))
+    try:
+        assert get_algorithm("contract_test") is cls
+        again = register(broken(name="contract_test"))  # the same module run again
+        assert get_algorithm("contract_test") is again
+        other = type("Other", (Minimal,), {"__module__": "tests.other", "name": "contract_test"})
+        with pytest.raises(ValueError, match="'contract_test' is registered twice"):
+            register(other)
+        assert get_algorithm("contract_test") is again
+    finally:
+        ALGORITHMS.pop("contract_test", None)
+
+
+def test_the_base_hooks_have_their_documented_defaults():
+    algorithm = Minimal(Minimal.Params(), lambda participant, classes: logreg(classes))
+    federation = FederationInfo(1, (4,), (3,), (1, 1, 2))
+    data = client_data(torch.zeros(0, 1, 1, 2), torch.zeros(0).long(), num_classes=3)
+    client = algorithm.init_state("client/0", data, federation)
+    assert client.data is data and client.model.head.out_features == 3
+    assert algorithm.init_state("server", None, federation).model is None
+    assert algorithm.eval_model(client) is client.model
+    assert algorithm.state_size(client.model) == 2 * 3 + 3  # logreg: weight (3, 2) + bias
+    assert algorithm.persistent_bytes([9], federation) is None
+    assert algorithm.check_resources(federation, 1.0) is None
+    assert algorithm.rehost("client/0", client) is client
+    contexts = [context("client/0", federation)]
+    assert algorithm.train_batch([client], [[]], contexts) == [(client, [])]
+
+
+def test_a_subclass_that_changes_train_never_trains_as_its_parent_in_batches():
+    class Doubling(FedAvg):  # not registered: a FedAvg variant with its own client step
+        name = "doubling_for_tests"
+
+        def train(self, state, inbox, ctx):
+            state.extras["trained_by"] = "doubling"
+            return state, []
+
+    class Momentum(FedAvg):  # changes the server only: FedAvg's batched step still holds
+        name = "momentum_for_tests"
+
+    assert FedAvg.train_batch is not Algorithm.train_batch
+    assert Doubling.train_batch is Algorithm.train_batch
+    assert Momentum.train_batch is FedAvg.train_batch
+    assert get_algorithm("pfedme").train_batch is Algorithm.train_batch
+    states = [State(), State()]
+    federation = FederationInfo(2, (1, 1), (2, 2), (1, 1, 2))
+    contexts = [context(f"client/{i}", federation) for i in range(2)]
+    results = Doubling(Doubling.Params(), None).train_batch(states, [[], []], contexts)
+    assert [state.extras["trained_by"] for state, _ in results] == ["doubling"] * 2
+
+
+def test_load_received_loads_every_message_in_inbox_order():
+    model = logreg()
+    load_received(model, [])  # nothing received: nothing changes
+    inbox = [
+        Message("server", "client/0", "global_model", filled(model, 1.0)),
+        Message("lps/0", "client/0", "lps_model", {"head.bias": torch.tensor([7.0, 8.0])}),
+    ]
+    load_received(model, inbox)
+    assert torch.equal(model.head.bias.detach(), torch.tensor([7.0, 8.0]))
+    assert torch.equal(model.head.weight.detach(), torch.ones(2, 2))

@@ -1,4 +1,5 @@
-"""Checkpoints hold tensors and plain data only: a planted pickle never runs on --resume."""
+"""Checkpoints hold tensors and plain data only: a planted pickle never runs on --resume,
+and is refused in one line naming the host that read it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from raymtl.config import parse_config
+from raymtl.config import ConfigError, parse_config
 from raymtl.runtime import resume_experiment, run_experiment
 from tests.conftest import digits_experiment
 
@@ -34,6 +35,9 @@ def test_a_planted_checkpoint_is_refused_not_run(tmp_path, algorithm, file):
     assert set(state) == {"model", "extras"}
     marker = tmp_path / "code-ran"
     torch.save({"model": None, "extras": {"x": Planted(marker)}}, checkpoint)
-    with pytest.raises(pickle.UnpicklingError):
+    # Refused while its host is built: one line naming the host, the unpickling error behind.
+    host = "server" if algorithm == "fedavg" else "clients-0"
+    with pytest.raises(ConfigError, match=rf"^host {host}: Weights only load failed") as refused:
         resume_experiment(run_dir)
+    assert isinstance(refused.value.__cause__, pickle.UnpicklingError)
     assert not marker.exists()

@@ -65,10 +65,10 @@ def test_complete_needs_every_participants_file(tmp_path):
 def test_a_host_never_starts_from_scratch_when_its_checkpoint_is_missing(tmp_path, make_config):
     from raymtl.runtime.executor import InlineExecutor
     from raymtl.runtime.host import ParticipantHost
-    from raymtl.runtime.setup import build_setup
+    from raymtl.runtime.planning import build_setup
 
     cfg = make_config()
     setup = build_setup(cfg, 0, InlineExecutor(cfg.runtime), tmp_path, resume_round=2)
     spec = next(iter(setup.specs.values()))
     with pytest.raises(FileNotFoundError, match=r"^output.dir: checkpoint file .* not visible"):
-        ParticipantHost(spec)
+        ParticipantHost(spec).build()

@@ -76,8 +76,14 @@ def gains() -> pd.DataFrame:
 def test_relative_gains_sign_follows_metric_direction():
     table = gains()
     assert list(table.columns) == [
-        "seed", "client", "task_name", "metric", "reference", "value", "gain"
-    ]  # fmt: skip
+        "seed",
+        "client",
+        "task_name",
+        "metric",
+        "reference",
+        "value",
+        "gain",
+    ]
     by_key = table.set_index(["seed", "client"])
     for key, gain in GAINS.items():
         assert by_key.loc[key, "gain"] == pytest.approx(gain)
@@ -97,9 +103,15 @@ def test_delta_summary_over_seeds_tasks_and_clients():
     assert summary["per_task"]["reg"] == pytest.approx({"mean": 12.5, "std": 37.5})
     clients = {row["client"]: row for row in summary["per_client"]}
     assert clients[0] == pytest.approx(
-        {"client": 0, "task_name": "cls", "metric": "accuracy",
-         "reference": 0.45, "value": 0.55, "gain": 22.5}
-    )  # fmt: skip
+        {
+            "client": 0,
+            "task_name": "cls",
+            "metric": "accuracy",
+            "reference": 0.45,
+            "value": 0.55,
+            "gain": 22.5,
+        }
+    )
     assert clients[1]["gain"] == pytest.approx(-2.5)
     assert clients[2]["metric"] == "mse" and clients[2]["gain"] == pytest.approx(12.5)
     json.dumps(summary)  # plain Python types

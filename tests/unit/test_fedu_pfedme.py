@@ -1,4 +1,4 @@
-"""FedU, dFedU and pFedMe single steps with hand-computed values (ALGORITHMS.md §2–3)."""
+"""FedU, dFedU and pFedMe single steps with hand-computed values (docs/ALGORITHMS.md §6–8)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from raymtl.algorithms.pfedme import PFedMe, PFedMeParams, local_copy_step, more
 
 
 def ctx(me: str, num_clients: int = 3, mixing=None) -> StepContext:
-    federation = FederationInfo(num_clients, (1, 3, 1), (2,) * num_clients, (1, 1, 1), mixing=mixing)
+    federation = FederationInfo(
+        num_clients, (1, 3, 1), (2,) * num_clients, (1, 1, 1), mixing=mixing
+    )
     return StepContext(me=me, round=1, rounds=1, seed=0, sampled=(0, 1, 2), federation=federation)
 
 
@@ -90,5 +92,5 @@ def test_pfedme_evaluates_the_personal_model():
     assert algorithm.eval_model(State(model=model)) is model
     personal = {"weight": torch.tensor([[2.0]]), "bias": torch.tensor([3.0])}  # θ̃ as tensors
     evaluated = algorithm.eval_model(State(model=model, extras={"personal": personal}))
-    assert evaluated is not model and float(evaluated(torch.tensor([[1.0]]))) == 5.0
-    assert float(model.weight) != 2.0  # the local copy w is left as it was
+    assert evaluated is not model and float(evaluated(torch.tensor([[1.0]])).detach()) == 5.0
+    assert float(model.weight.detach()) != 2.0  # the local copy w is left as it was

@@ -61,10 +61,18 @@ def test_fairness_stats_single_and_empty():
 
 def client_row(seed: int, round_: int, client: int, accuracy: float) -> dict:
     return {
-        "seed": seed, "round": round_, "client": client, "loss": 1.0 - accuracy,
-        "accuracy": accuracy, "samples": 100, "test_samples": 20, "group": client % 2,
-        "task": client % 2, "bits_up": 1000, "bits_down": 2000,
-    }  # fmt: skip
+        "seed": seed,
+        "round": round_,
+        "client": client,
+        "loss": 1.0 - accuracy,
+        "accuracy": accuracy,
+        "samples": 100,
+        "test_samples": 20,
+        "group": client % 2,
+        "task": client % 2,
+        "bits_up": 1000,
+        "bits_down": 2000,
+    }
 
 
 def round_row(seed: int, round_: int, accuracy: float, cum_bits: int, evaluated=True) -> dict:
@@ -74,19 +82,33 @@ def round_row(seed: int, round_: int, accuracy: float, cum_bits: int, evaluated=
         return value if evaluated else NAN
 
     return {
-        "seed": seed, "round": round_, "mean_accuracy": metric(accuracy),
-        "worst10_accuracy": metric(accuracy - 0.2), "worst20_accuracy": metric(accuracy - 0.1),
-        "std_accuracy": metric(0.05), "mean_loss": metric(1.0 - accuracy),
-        "bits_up": cum_bits // 4, "bits_down": cum_bits // 4, "cum_bits_up": cum_bits // 2,
-        "cum_bits_down": cum_bits // 2, "cum_bits": cum_bits, "wall_time": 1.5 * (round_ + 1),
-    }  # fmt: skip
+        "seed": seed,
+        "round": round_,
+        "mean_accuracy": metric(accuracy),
+        "worst10_accuracy": metric(accuracy - 0.2),
+        "worst20_accuracy": metric(accuracy - 0.1),
+        "std_accuracy": metric(0.05),
+        "mean_loss": metric(1.0 - accuracy),
+        "bits_up": cum_bits // 4,
+        "bits_down": cum_bits // 4,
+        "cum_bits_up": cum_bits // 2,
+        "cum_bits_down": cum_bits // 2,
+        "cum_bits": cum_bits,
+        "wall_time": 1.5 * (round_ + 1),
+    }
 
 
 def message_row(seed: int, round_: int) -> dict:
     return {
-        "seed": seed, "round": round_, "src": "client-0", "dst": "server", "src_role": "client",
-        "dst_role": "server", "kind": "model", "bits": 512,
-    }  # fmt: skip
+        "seed": seed,
+        "round": round_,
+        "src": "client-0",
+        "dst": "server",
+        "src_role": "client",
+        "dst_role": "server",
+        "kind": "model",
+        "bits": 512,
+    }
 
 
 def fill_recorder(recorder: Recorder, final_accuracies: dict[int, float], bits_scale=1) -> None:
@@ -261,3 +283,57 @@ def test_report_prints_and_plots(run_dir: Path):
     text = console.export_text()
     assert "fedavg" in text and "70.0±10.0" in text
     assert np.isclose(json.loads((run_dir / "summary.json").read_text())["seeds"], [0, 1]).all()
+
+
+def test_summarize_draws_no_plot_even_for_an_algorithm_table(run_dir: Path):
+    """Plots come from plot_run alone (a run with output.plots false never calls it), table
+    plotters included; summarize only adds the tables' figures."""
+    leaders = [
+        {
+            "seed": 0,
+            "round": r,
+            "group": 0,
+            "leader": r % 2,
+            "next_leader": (r + 1) % 2,
+            "members": 2,
+            "failover": False,
+            "aggregate_seconds": 0.5,
+        }
+        for r in range(3)
+    ]
+    pd.DataFrame(leaders).to_parquet(run_dir / "leaders.parquet")
+    summary = summarize(run_dir, "colnet")
+    assert summary["leaders"]["rotations"] == 2 and summary["leaders"]["failovers"] == 0
+    assert not (run_dir / "plots").exists()
+    names = [path.name for path in plot_run(run_dir)]
+    assert names[-1] == "leaders.png" and (run_dir / "plots" / "leaders.png").is_file()
+
+
+def metrics_imports(path: Path, modules: set[str]) -> set[str]:
+    """The raymtl.metrics modules a file imports, anywhere in it (function bodies too)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            found |= {name for name in names if name in modules} or {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found & modules
+
+
+def test_the_metrics_package_has_no_import_circle():
+    """plots, report, tasks and the table reporters import one another in one direction only
+    (no late import hides a circle): a topological order of the modules exists."""
+    import graphlib
+
+    root = Path(__file__).resolve().parents[2] / "raymtl" / "metrics"
+    files = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: metrics_imports(path, set(files)) - {name} for name, path in files.items()}
+    assert "raymtl.metrics.plots" in graph["raymtl.metrics.report"]
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError
+    assert order.index("raymtl.metrics.statistics") < order.index("raymtl.metrics.tasks")

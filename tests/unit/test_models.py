@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raymtl.models import MODELS, FedModel, build_model, num_params
+from raymtl.models import MODELS, FedModel, build_model, num_params, register_model
 
 INPUT_SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 NUM_CLASSES = 10
@@ -108,3 +108,57 @@ def test_bad_input_raises_one_line_value_error(args: tuple, params: dict, messag
     with pytest.raises(ValueError, match=message) as error:
         build_model(*args, **params)
     assert "\n" not in str(error.value)
+
+
+class _Flat(FedModel):
+    def __init__(self, input_shape, num_classes, width: int = 3):
+        size = input_shape[0] * input_shape[1] * input_shape[2]
+        backbone = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(size, width))
+        super().__init__(backbone, torch.nn.Linear(width, num_classes), width)
+
+
+@pytest.fixture
+def registered_models():
+    before = dict(MODELS)
+    yield
+    MODELS.clear()
+    MODELS.update(before)
+
+
+def test_register_model_records_params_and_accepts_the_same_class_again(registered_models):
+    flat = type("Flat", (_Flat,), {"name": "flat_test", "description": "a test model"})
+    assert register_model(flat) is flat and register_model(flat) is flat
+    assert flat.params == {"width": 3}
+    model = build_model("flat_test", (1, 4, 4), 5, width=7)
+    assert model(torch.zeros(2, 1, 4, 4)).shape == (2, 5) and model.feature_dim == 7
+    other = type("Other", (_Flat,), {"name": "flat_test"})
+    with pytest.raises(ValueError, match="model.name: 'flat_test' is registered twice"):
+        register_model(other)
+
+
+def test_a_model_that_breaks_the_contract_is_refused(registered_models):
+    class Nameless(_Flat):
+        pass
+
+    class NoDefault(FedModel):
+        name = "no_default"
+
+        def __init__(self, input_shape, num_classes, width):
+            super().__init__(torch.nn.Flatten(), torch.nn.Identity(), width)
+
+    class Backwards(FedModel):
+        name = "backwards"
+
+        def __init__(self, num_classes, input_shape):
+            super().__init__(torch.nn.Flatten(), torch.nn.Identity(), 1)
+
+    problems = {
+        Nameless: "declares no `name`",
+        NoDefault: "parameter 'width' needs a default",
+        Backwards: "__init__ must take (self, input_shape, num_classes, **params)",
+        torch.nn.Linear: "is not a subclass of raymtl's FedModel",
+    }
+    for cls, problem in problems.items():
+        with pytest.raises(ValueError) as error:
+            register_model(cls)
+        assert problem in str(error.value) and "\n" not in str(error.value)

@@ -1,10 +1,11 @@
 """Partition kinds, groups, tasks, quantity skew and validation on tiny label arrays."""
 
+import inspect
+
 import numpy as np
 import pytest
 
-from raymtl.data import PARTITIONS, partition_clients
-from raymtl.data.task_splits import TASK_SPLITS
+from raymtl.data import PARTITIONS, partition_clients, register_partition
 
 NUM_CLASSES = 10
 TASKS = [[0, 1, 2], [3, 4], [5, 6, 7, 8, 9]]
@@ -34,8 +35,12 @@ KIND_OPTIONS = {
 
 def test_registry_lists_every_kind_with_a_description():
     # The majority-task splits hold part of the pool only; test_task_splits.py covers them.
-    assert set(PARTITIONS) == set(KIND_OPTIONS) | set(TASK_SPLITS)
-    assert all(fn.__doc__.strip() for fn in PARTITIONS.values())
+    majority_splits = {"fmnist_tasks", "cifar10_tasks"}
+    assert set(KIND_OPTIONS) | majority_splits <= set(PARTITIONS)
+    assert all(spec.description for spec in PARTITIONS.values())
+    assert {kind for kind, spec in PARTITIONS.items() if spec.shards} >= majority_splits
+    assigning = {kind for kind, spec in PARTITIONS.items() if spec.assigns_tasks}
+    assert assigning >= majority_splits | {"task_groups"} and "iid" not in assigning
 
 
 @pytest.mark.parametrize("kind", KIND_OPTIONS)
@@ -99,8 +104,9 @@ def test_iid_remainders_rotate_over_clients():
 )
 def test_iid_sizes_differ_by_at_most_one(class_sizes, num_clients, sizes):
     labels = np.repeat(np.arange(len(class_sizes)), class_sizes)
-    shards = partition_clients(labels, len(class_sizes), num_clients=num_clients, kind="iid",
-                               seed=3)  # fmt: skip
+    shards = partition_clients(
+        labels, len(class_sizes), num_clients=num_clients, kind="iid", seed=3
+    )
     assert [s.train_idx.size + s.test_idx.size for s in shards] == sizes
 
 
@@ -167,8 +173,10 @@ def test_rotation_and_mask_groups_cycle_over_clients(labels):
 def test_mask_probs_alone_define_groups_without_rotation(labels):
     shards = split(labels, mask_probs=[0.0, 0.5])
     assert [(s.group, s.rotation, s.mask_prob) for s in shards[:3]] == [
-        (0, 0, 0.0), (1, 0, 0.5), (0, 0, 0.0)
-    ]  # fmt: skip
+        (0, 0, 0.0),
+        (1, 0, 0.5),
+        (0, 0, 0.0),
+    ]
 
 
 def test_no_groups_or_tasks_defaults(labels):
@@ -216,8 +224,10 @@ def test_max_samples_per_client_caps_and_keeps_classes(labels):
         ({"kind": "task_groups", "task_classes": [[0, 10]]}, "partition.task_classes"),
         ({"kind": "task_groups", "task_classes": [[0, 1], []]}, "partition.task_classes"),
         ({"kind": "task_groups", "task_classes": [[0], [1]]}, "partition.classes_per_client"),
-        ({"kind": "task_groups", "task_classes": [[0, 1], [2, 3]], "num_clients": 1},
-         "partition.num_clients"),
+        (
+            {"kind": "task_groups", "task_classes": [[0, 1], [2, 3]], "num_clients": 1},
+            "partition.num_clients",
+        ),
         ({"rotations": [0, 45]}, "partition.rotations"),
         ({"rotations": []}, "partition.rotations"),
         ({"rotations": [0, 90], "mask_probs": [0.1]}, "partition.mask_probs"),
@@ -225,7 +235,7 @@ def test_max_samples_per_client_caps_and_keeps_classes(labels):
         ({"num_clients": 200}, "partition.num_clients"),
         ({"num_clients": 100, "quantity": "powerlaw"}, "partition.quantity"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_names_the_field(labels, overrides, field):
     with pytest.raises(ValueError, match=field) as error:
         split(labels, **overrides)
@@ -240,5 +250,53 @@ def test_task_classes_error_names_the_task(labels):
 def test_classes_per_client_needs_enough_samples_per_class():
     tiny = np.repeat(np.arange(NUM_CLASSES), 3)
     with pytest.raises(ValueError, match="partition.num_clients"):
-        partition_clients(tiny, NUM_CLASSES, num_clients=20, kind="classes_per_client", seed=0,
-                          classes_per_client=10)  # fmt: skip
+        partition_clients(
+            tiny,
+            NUM_CLASSES,
+            num_clients=20,
+            kind="classes_per_client",
+            seed=0,
+            classes_per_client=10,
+        )
+
+
+@pytest.fixture
+def registered_kinds():
+    """Kinds a test registers are gone after it."""
+    before = dict(PARTITIONS)
+    yield
+    PARTITIONS.clear()
+    PARTITIONS.update(before)
+
+
+def test_a_registered_kind_of_shares_is_split_and_topped_up(labels, registered_kinds):
+    @register_partition("favourite")
+    def favourite(class_counts, num_clients, rng, *, weight: float):
+        """Client i prefers class i % C by `weight` to one (shares, not memberships)."""
+        affinity = np.ones((class_counts.size, num_clients))
+        affinity[np.arange(num_clients) % class_counts.size, np.arange(num_clients)] = weight
+        return affinity
+
+    assert PARTITIONS["favourite"].params == {"weight": inspect.Parameter.empty}
+    shards = split(labels, kind="favourite", params={"weight": 50.0})
+    for shard in shards:
+        held = labels[np.concatenate([shard.train_idx, shard.test_idx])]
+        assert np.bincount(held, minlength=NUM_CLASSES).argmax() == shard.client_id % NUM_CLASSES
+    with pytest.raises(ValueError, match=r"^partition.params.weight: required by kind"):
+        split(labels, kind="favourite")
+    with pytest.raises(ValueError, match=r"^partition.params.alpha: not a parameter of kind"):
+        split(labels, kind="favourite", params={"weight": 2.0, "alpha": 1})
+
+
+def test_a_registered_kind_must_return_an_affinity(labels, registered_kinds):
+    @register_partition("wrong_shape")
+    def wrong_shape(class_counts, num_clients, rng):
+        """An affinity of the wrong shape."""
+        return np.ones((num_clients, 2))
+
+    with pytest.raises(
+        ValueError, match=r"^partition.kind: 'wrong_shape' must return a \(10, 10\)"
+    ):
+        split(labels, kind="wrong_shape")
+    with pytest.raises(ValueError, match="registered twice"):
+        register_partition("iid")(wrong_shape)

@@ -1,4 +1,4 @@
-"""SFMTL-Graph maths with hand-computed values (ALGORITHMS.md §1)."""
+"""SFMTL-Graph maths with hand-computed values (docs/ALGORITHMS.md §9)."""
 
 from __future__ import annotations
 

@@ -149,10 +149,99 @@ def test_unknown_name_lists_the_sources():
 
 
 def test_unknown_parameter_names_the_field():
-    with pytest.raises(ValueError, match="data.num_samples: not a parameter of source 'digits'"):
+    with pytest.raises(
+        ValueError, match="data.params.num_samples: not a parameter of source 'digits'"
+    ):
         load_pool("digits", num_samples=10)
 
 
 def test_bad_synthetic_shape():
     with pytest.raises(ValueError, match="data.shape"):
         load_pool("synthetic", shape=(8, 8))
+
+
+def test_arrays_from_an_npz_file(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(12, 5, 5, 3), dtype=np.uint8)  # channels last
+    y = np.array(["cat", "dog", "emu"] * 4)
+    x_test, y_test = rng.integers(0, 256, size=(3, 5, 5, 3), dtype=np.uint8), y[:3]
+    np.savez(tmp_path / "mine.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+    pool = load_pool("arrays", root=str(tmp_path), path="mine.npz")
+    assert pool.x.shape == (15, 3, 5, 5) and pool.x.dtype == torch.uint8 and pool.scale == 255.0
+    assert torch.equal(pool.x[0], torch.from_numpy(x[0]).permute(2, 0, 1))
+    assert pool.class_names == ("cat", "dog", "emu") and pool.num_classes == 3
+    assert pool.y.tolist() == [0, 1, 2] * 5 and pool.test_start == 12
+    assert pool.source == str(tmp_path / "mine.npz")
+
+
+def test_arrays_of_float_vectors_without_a_test_split(tmp_path):
+    x = np.linspace(-1, 1, 40, dtype=np.float64).reshape(10, 4)
+    np.savez(tmp_path / "vectors.npz", x=x, y=np.arange(10) % 2 + 7)
+    pool = load_pool("arrays", path=str(tmp_path / "vectors.npz"))
+    assert pool.x.shape == (10, 1, 1, 4) and pool.x.dtype == torch.float32
+    assert pool.scale == 1.0 and pool.test_start is None
+    assert float(pool.x[0, 0, 0, 0]) == -1.0
+    assert pool.class_names == ("7", "8") and pool.y.tolist() == [0, 1] * 5
+
+
+@pytest.mark.parametrize(
+    ("arrays", "problem"),
+    [
+        ({"x": np.zeros((4, 3, 3))}, "has no array 'x' / 'y'"),
+        ({"x": np.zeros((4, 3, 3)), "y": np.zeros(3)}, "x has 4 samples, y 3"),
+        ({"x": np.zeros((4, 2, 3, 3, 3)), "y": np.zeros(4)}, "x has shape (4, 2, 3, 3, 3)"),
+    ],
+)
+def test_bad_arrays_are_one_line(tmp_path, arrays, problem):
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError) as error:
+        load_pool("arrays", path=str(tmp_path / "bad.npz"))
+    assert str(error.value).startswith("data.params.path: ") and problem in str(error.value)
+    with pytest.raises(ValueError, match="data.params.path: required by source 'arrays'"):
+        load_pool("arrays")
+
+
+def write_images(folder, colours: dict[str, list[tuple[int, int, int]]], side: int) -> None:
+    from PIL import Image
+
+    for label, pixels in colours.items():
+        (folder / label).mkdir(parents=True)
+        for i, colour in enumerate(pixels):
+            Image.new("RGB", (side + i, side), colour).save(folder / label / f"{i}.png")
+
+
+def test_image_folder_in_colour_and_grey(tmp_path):
+    write_images(tmp_path / "imgs", {"red": [(255, 0, 0)] * 2, "blue": [(0, 0, 255)] * 3}, 9)
+    pool = load_pool("image_folder", path=str(tmp_path / "imgs"), size=4)
+    assert pool.x.shape == (5, 3, 4, 4) and pool.x.dtype == torch.uint8
+    assert pool.class_names == ("blue", "red") and pool.y.tolist() == [0, 0, 0, 1, 1]
+    assert pool.x[0, :, 0, 0].tolist() == [0, 0, 255] and pool.x[4, :, 0, 0].tolist() == [255, 0, 0]
+    grey = load_pool("image_folder", root=str(tmp_path), path="imgs", size=6, grey=True)
+    assert grey.x.shape == (5, 1, 6, 6)
+    # ITU-R 601-2 luma, as PIL converts: L = 0.299 R + 0.587 G + 0.114 B
+    assert grey.x[0, 0, 0, 0].item() == 29 and grey.x[4, 0, 0, 0].item() == 76
+
+
+def test_image_folder_with_train_and_test_splits(tmp_path):
+    write_images(tmp_path / "train", {"a": [(10, 10, 10)] * 3, "b": [(200, 200, 200)] * 3}, 5)
+    write_images(tmp_path / "test", {"a": [(10, 10, 10)], "b": [(200, 200, 200)] * 2}, 5)
+    pool = load_pool("image_folder", root=str(tmp_path), size=5, grey=True)
+    assert len(pool.y) == 9 and pool.test_start == 6
+    assert pool.y.tolist() == [0, 0, 0, 1, 1, 1, 0, 1, 1]
+    with pytest.raises(ValueError, match="data.params.path: .* is not a folder"):
+        load_pool("image_folder", path=str(tmp_path / "absent"))
+
+
+def test_user_sources_run_through_the_config(tmp_path):
+    from raymtl.config import ConfigError, parse_config
+    from tests.conftest import digits_experiment
+
+    np.savez(tmp_path / "mine.npz", x=np.zeros((6, 4, 4), np.uint8), y=np.arange(6) % 2)
+    params = {"path": str(tmp_path / "mine.npz")}
+    cfg = parse_config(
+        digits_experiment(tmp_path, **{"data.name": "arrays", "data.params": params})
+    )
+    assert cfg.data.params == params
+    bad = digits_experiment(tmp_path, **{"data.name": "arrays", "data.params": {"file": "x"}})
+    with pytest.raises(ConfigError, match=r"^data.params.file: not a parameter of source 'arrays'"):
+        parse_config(bad)

@@ -8,18 +8,12 @@ import pytest
 import torch
 
 from raymtl.data import Pool, load_pool
-from raymtl.tasks import targets
-from raymtl.tasks.targets import (
-    LANDMARK_NAMES,
-    TARGET_BUILDERS,
-    attribute_targets,
-    landmark_targets,
-)
+from raymtl.tasks import TARGETS, Targets, register_target, targets
+from raymtl.tasks.registry import compute_targets, target_outputs
+from raymtl.tasks.targets import LANDMARK_NAMES, attribute_targets, landmark_targets
 
 FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
-IMAGE_ATTRIBUTES = (
-    "bright", "high_contrast", "large", "filled", "wide", "symmetric", "top_heavy",
-)  # fmt: skip
+IMAGE_ATTRIBUTES = ("bright", "high_contrast", "large", "filled", "wide", "symmetric", "top_heavy")
 INK = 16  # full intensity at scale 16 (digits' scale)
 
 
@@ -110,7 +104,10 @@ def test_cache_returns_the_same_targets_and_never_mixes_pools(hand_pool):
     # An equal copy (a new Pool object) is served from the cache.
     copy = make_pool(list(HAND_IMAGES.values()))
     assert landmark_targets(copy) is landmark_targets(hand_pool)
-    assert set(TARGET_BUILDERS) == {"attributes", "landmarks"}
+    built_in = {name: (spec.loss, spec.from_labels) for name, spec in TARGETS.items()}
+    assert {"label", "attributes", "landmarks"} <= set(built_in)
+    assert built_in["attributes"] == ("bce", False) and built_in["landmarks"] == ("mse", False)
+    assert built_in["label"] == ("cross_entropy", True)
 
 
 def check_targets(pool: Pool, attributes, landmarks) -> None:
@@ -163,3 +160,55 @@ def test_fashion_mnist_targets(monkeypatch):
         attributes.values[:, 0].bool(), torch.isin(pool.y, torch.tensor([0, 2, 3, 4, 6]))
     )
     assert torch.equal(attributes.values[:, 1].bool(), torch.isin(pool.y, torch.tensor([5, 7, 9])))
+
+
+@pytest.fixture
+def registered_targets():
+    before = dict(TARGETS)
+    yield
+    TARGETS.clear()
+    TARGETS.update(before)
+
+
+def test_registered_targets_are_computed_checked_and_sized(hand_pool, registered_targets):
+    @register_target("ink_half", loss="cross_entropy")
+    def ink_half(pool):
+        """Whether an image has more ink than the median one."""
+        ink = pool.x.float().sum(dim=(1, 2, 3))
+        return Targets((ink > ink.median()).long(), ("light", "dark"))
+
+    register_target("ink", "mse", ["mae"], lambda pool: pool.x.float().sum(dim=(2, 3)) / 64)
+    spec = TARGETS["ink_half"]
+    assert (spec.loss, spec.metrics, spec.description) == (
+        "cross_entropy",
+        ("accuracy",),
+        "Whether an image has more ink than the median one.",
+    )
+    half = compute_targets("ink_half", hand_pool)
+    assert half.names == ("light", "dark") and half.values.dtype == torch.int64
+    assert compute_targets("ink_half", hand_pool) is half  # once per pool
+    assert target_outputs(hand_pool, "ink_half", None) == 2
+    ink = compute_targets("ink", hand_pool)
+    assert ink.values.shape == (len(hand_pool.y), 1) and ink.names == ("ink_0",)
+    assert target_outputs(hand_pool, "ink", None) == 1 and TARGETS["ink"].metrics == ("mae",)
+    assert target_outputs(hand_pool, "label", (3, 5)) == 2
+
+
+def test_targets_that_break_the_contract_are_refused(hand_pool, registered_targets):
+    def wrong(pool):
+        return torch.zeros(len(pool.y), 2)  # floats where class ids are due
+
+    register_target("wrong", "cross_entropy", build=wrong)
+    with pytest.raises(ValueError, match=r"^targets 'wrong': cross_entropy targets are \("):
+        compute_targets("wrong", hand_pool)
+    refused = {
+        ("x", "hinge", None): "loss 'hinge' is not one of cross_entropy, bce, mse",
+        ("x", "bce", ("mse",)): "metrics of loss bce are some of precision, recall, f1",
+        ("label", "cross_entropy", None): "'label' is registered twice",
+    }
+    for (name, loss, metrics), problem in refused.items():
+        with pytest.raises(ValueError) as error:
+            register_target(name, loss, metrics, build=wrong)
+        assert problem in str(error.value)
+    with pytest.raises(ValueError, match="build must be a function build"):
+        register_target("two_args", "mse", build=lambda pool, other: None)

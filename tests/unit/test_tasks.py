@@ -18,9 +18,13 @@ ATTRIBUTES = TaskSpec("attributes", "attributes", "bce", 5, metrics=("precision"
 LANDMARKS = TaskSpec("landmarks", "landmarks", "mse", 2, metrics=("mse", "mae"))
 TWO_TASKS = [
     {"name": "attributes", "targets": "attributes", "clients": 2},
-    {"name": "landmarks", "targets": "landmarks", "clients": 4,
-     "optimizer": {"name": "adam", "lr": 0.001}},
-]  # fmt: skip
+    {
+        "name": "landmarks",
+        "targets": "landmarks",
+        "clients": 4,
+        "optimizer": {"name": "adam", "lr": 0.001},
+    },
+]
 
 
 def test_micro_precision_recall_f1_match_scikit_learn_over_batches():
@@ -87,8 +91,12 @@ def test_without_an_optimiser_the_algorithms_sgd_is_used():
 
 
 def config(tmp_path, **overrides):
-    settings = {"data.partition": {"kind": "iid"}, "data.tasks": TWO_TASKS,
-                "algorithm.name": "colnet", **overrides}  # fmt: skip
+    settings = {
+        "data.partition": {"kind": "iid"},
+        "data.tasks": TWO_TASKS,
+        "algorithm.name": "colnet",
+        **overrides,
+    }
     return parse_config(digits_experiment(tmp_path, **settings))
 
 
@@ -141,7 +149,7 @@ def test_labels_only_algorithms_refuse_attribute_targets(tmp_path):
 
 
 def test_declared_outputs_must_fit_the_targets(tmp_path):
-    from raymtl.runtime.setup import partition
+    from raymtl.runtime.planning import partition
 
     tasks = [{"name": "landmarks", "targets": "landmarks", "outputs": 5}]
     cfg = config(tmp_path, **{"data.tasks": tasks, "algorithm.name": "fedavg"})
@@ -180,8 +188,11 @@ def test_backbone_sharing_algorithms_run_different_tasks(tmp_path, algorithm):
 
     from raymtl.runtime import run_experiment
 
-    settings = {"algorithm.name": algorithm, "rounds": 2, "data.partition": {
-        "kind": "iid", "max_samples_per_client": 40}}  # fmt: skip
+    settings = {
+        "algorithm.name": algorithm,
+        "rounds": 2,
+        "data.partition": {"kind": "iid", "max_samples_per_client": 40},
+    }
     if algorithm != "intra_group":
         settings.update({"topology.kind": "hierarchical", "topology.num_lps": 2})
     clients = pd.read_parquet(run_experiment(config(tmp_path, **settings)) / "clients.parquet")

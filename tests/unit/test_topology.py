@@ -6,7 +6,13 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from raymtl.graph import TOPOLOGIES, build_topology, metropolis_weights, neighbours
+from raymtl.graph import (
+    TOPOLOGIES,
+    build_topology,
+    metropolis_weights,
+    neighbours,
+    register_topology,
+)
 
 NUM_NODES = 12
 CUSTOM_RING = [[node, (node + 1) % NUM_NODES] for node in range(NUM_NODES)]
@@ -98,3 +104,44 @@ def test_metropolis_weights_are_symmetric_doubly_stochastic(kind: str) -> None:
 def test_neighbours_are_sorted_adjacency_lists() -> None:
     graph = build_topology("ring", 4, seed=0)
     assert neighbours(graph) == {0: [1, 3], 1: [0, 2], 2: [1, 3], 3: [0, 2]}
+
+
+@pytest.fixture
+def registered_topologies():
+    before = dict(TOPOLOGIES)
+    yield
+    TOPOLOGIES.clear()
+    TOPOLOGIES.update(before)
+
+
+def test_a_registered_graph_is_checked_when_built(registered_topologies):
+    @register_topology("halves", params={"gap": True})
+    def halves(num_nodes: int, seed: int, *, gap: bool = True) -> nx.Graph:
+        """Two complete halves, joined unless there is a gap."""
+        graph = nx.disjoint_union(
+            nx.complete_graph(num_nodes // 2), nx.complete_graph(num_nodes - num_nodes // 2)
+        )
+        if not gap:
+            graph.add_edge(0, num_nodes - 1)
+        return graph
+
+    assert TOPOLOGIES["halves"].params == {"gap": True}
+    assert TOPOLOGIES["halves"].description == "Two complete halves, joined unless there is a gap."
+    assert nx.is_connected(build_topology("halves", 8, 0, gap=False))
+    with pytest.raises(ValueError, match=r"^topology.kind: halves gave a graph of 2 components"):
+        build_topology("halves", 8, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "problem"),
+    [
+        ("star", lambda n, seed: nx.star_graph(n - 1), "'star' is a built-in shape"),
+        ("two", lambda n: nx.path_graph(n), "must take (num_nodes, seed, *, params)"),
+        ("ring", lambda n, seed: nx.path_graph(n), "topology.kind: 'ring' is registered twice"),
+        ("bad name", lambda n, seed: nx.path_graph(n), "is not a name"),
+    ],
+)
+def test_a_builder_that_breaks_the_contract_is_refused(registered_topologies, name, build, problem):
+    with pytest.raises(ValueError) as error:
+        register_topology(name, description="a test graph")(build)
+    assert problem in str(error.value) and "\n" not in str(error.value)

@@ -1,4 +1,4 @@
-"""Reporter of the one-shot clustering tables (oneshot_hfl; papers/oneshot_clustering_hfl.md).
+"""Reporter and plotter of the one-shot clustering tables (the `oneshot_hfl` algorithm).
 
 Tables written by the algorithm's steps:
     oneshot_clusters  (seed, round, client, lps, task, method)   the users' LPS
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
+from matplotlib.figure import Figure
 
-from raymtl.metrics.extras import table_reporter
-from raymtl.metrics.report import mean_and_std
+from raymtl.metrics.extras import table_plotter, table_reporter
+from raymtl.metrics.figures import save_figure
+from raymtl.metrics.statistics import mean_and_std
 
 CLUSTERING_KINDS = ("eigenvectors", "relevance", "similarity", "clusters", "membership")
 TRAINING_KINDS = ("model", "common", "lps_model")
@@ -75,14 +76,6 @@ def bits_summary(messages: pd.DataFrame) -> dict:
     }
 
 
-def plots_wanted(run_dir: Path) -> bool:
-    config = Path(run_dir) / "config.yaml"
-    if not config.is_file():
-        return True
-    raw = yaml.safe_load(config.read_text()) or {}
-    return bool(raw.get("output", {}).get("plots", True))
-
-
 @table_reporter("oneshot_clusters")
 def report_clusters(run_dir: Path, summary: dict) -> None:
     run_dir = Path(run_dir)
@@ -104,13 +97,13 @@ def report_clusters(run_dir: Path, summary: dict) -> None:
         result["task_accuracy"] = final_accuracy_by(clients, clusters, "task")
         result["lps_accuracy"] = final_accuracy_by(clients, clusters, "lps")
     summary["clustering"] = result
-    if plots_wanted(run_dir):
-        draw_plots(run_dir, clusters, clients)
 
 
-def draw_plots(run_dir: Path, clusters: pd.DataFrame, clients: pd.DataFrame) -> list[Path]:
-    from raymtl.metrics.plots import save_figure
-
+@table_plotter("oneshot_clusters")
+def plot_clusters(run_dir: Path) -> list[Path]:
+    """R heatmap and dendrogram (first seed), accuracy per task and per LPS over rounds."""
+    run_dir = Path(run_dir)
+    clusters, clients = read(run_dir, "oneshot_clusters"), read(run_dir, "clients")
     out = run_dir / "plots"
     figures = {}
     relevance, linkage = read(run_dir, "oneshot_relevance"), read(run_dir, "oneshot_linkage")
@@ -127,8 +120,6 @@ def draw_plots(run_dir: Path, clusters: pd.DataFrame, clients: pd.DataFrame) -> 
 
 
 def heatmap(relevance: pd.DataFrame, seed: int):
-    from matplotlib.figure import Figure
-
     matrix = relevance.pivot(index="i", columns="j", values="R").sort_index()
     figure = Figure(figsize=(5.5, 4.5))
     axes = figure.add_subplot()
@@ -143,7 +134,6 @@ def heatmap(relevance: pd.DataFrame, seed: int):
 
 
 def dendrogram(linkage: pd.DataFrame, clusters: pd.DataFrame, seed: int):
-    from matplotlib.figure import Figure
     from scipy.cluster.hierarchy import dendrogram as scipy_dendrogram
 
     z = linkage.sort_values("step")[["a", "b", "distance", "size"]].to_numpy(dtype=float)
@@ -158,8 +148,6 @@ def dendrogram(linkage: pd.DataFrame, clusters: pd.DataFrame, seed: int):
 
 def accuracy_curves(frame: pd.DataFrame, column: str):
     """Mean accuracy of each task's (LPS's) users per round: mean ± std over seeds."""
-    from matplotlib.figure import Figure
-
     figure = Figure(figsize=(6, 4))
     axes = figure.add_subplot()
     per_seed = frame.groupby([column, "seed", "round"])["accuracy"].mean()

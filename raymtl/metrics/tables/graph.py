@@ -21,8 +21,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from sklearn.metrics import adjusted_rand_score
 
-from raymtl.metrics.extras import table_reporter
-from raymtl.metrics.plots import save_figure
+from raymtl.metrics.extras import table_plotter, table_reporter
+from raymtl.metrics.figures import save_figure
 
 
 def memberships(graph: pd.DataFrame) -> pd.DataFrame:
@@ -109,7 +109,7 @@ def plot_similarity(graph: pd.DataFrame, path: Path) -> Path:
 
 @table_reporter("graph")
 def report_graph(run_dir: Path, summary: dict) -> None:
-    """Add summary['graph'] and draw the two graph plots."""
+    """Add summary['graph']."""
     graph = pd.read_parquet(Path(run_dir) / "graph.parquet")
     if graph.empty:
         return
@@ -120,7 +120,18 @@ def report_graph(run_dir: Path, summary: dict) -> None:
         **{key: mean_std([figures[key] for figures in per_seed.values()]) for key in keys},
         "per_seed": per_seed,
     }
+
+
+@table_plotter("graph")
+def plot_graph(run_dir: Path) -> list[Path]:
+    """plots/communities_over_rounds.png (seed 0) and plots/similarity_last.png."""
+    graph = pd.read_parquet(Path(run_dir) / "graph.parquet")
+    if graph.empty:
+        return []
+    nodes = memberships(graph)
     plots = Path(run_dir) / "plots"
     first_seed = nodes[nodes["seed"] == nodes["seed"].min()]
-    plot_communities(first_seed, plots / "communities_over_rounds.png")
-    plot_similarity(graph, plots / "similarity_last.png")
+    return [
+        plot_communities(first_seed, plots / "communities_over_rounds.png"),
+        plot_similarity(graph, plots / "similarity_last.png"),
+    ]

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from raymtl.metrics.extras import table_reporter
-from raymtl.metrics.plots import save_figure
+from raymtl.metrics.extras import table_plotter, table_reporter
+from raymtl.metrics.figures import save_figure
 from raymtl.metrics.recorder import Recorder
 
 
@@ -83,4 +83,11 @@ def report_leaders(run_dir: Path, summary: dict) -> None:
         "aggregate_seconds": float(leaders["aggregate_seconds"].mean()),
         **bits_summary(run_dir, leaders),
     }
-    plot_holders(leaders, Path(run_dir) / "plots" / "leaders.png")
+
+
+@table_plotter("leaders")
+def plot_leaders(run_dir: Path) -> list[Path]:
+    leaders = pd.read_parquet(Path(run_dir) / "leaders.parquet")
+    if leaders.empty:
+        return []
+    return [plot_holders(leaders, Path(run_dir) / "plots" / "leaders.png")]

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from raymtl.metrics.extras import table_reporter
-from raymtl.metrics.plots import save_figure
+from raymtl.metrics.extras import table_plotter, table_reporter
+from raymtl.metrics.figures import save_figure
 from raymtl.metrics.recorder import Recorder
 
 
@@ -73,10 +73,14 @@ def plot_graph(last: pd.DataFrame, groups: pd.DataFrame, path: Path) -> Path:
     figure = Figure(figsize=(6, 5), layout="constrained")
     axes = figure.subplots()
     nx.draw_networkx(
-        graph, pos=nx.spring_layout(graph, seed=0), ax=axes, font_size=7,
+        graph,
+        pos=nx.spring_layout(graph, seed=0),
+        ax=axes,
+        font_size=7,
         node_color=groups.set_index("client")["group"].reindex(graph.nodes).to_numpy(),
-        cmap="tab10", node_size=(80 + 220 * np.sqrt(sizes / sizes.max())).to_numpy(),
-    )  # fmt: skip
+        cmap="tab10",
+        node_size=(80 + 220 * np.sqrt(sizes / sizes.max())).to_numpy(),
+    )
     axes.set_title("Communication graph (colour: group; size: model parameters)")
     axes.set_axis_off()
     return save_figure(figure, path)
@@ -96,8 +100,20 @@ def report_maps(run_dir: Path, summary: dict) -> None:
         **{f"norm_last_{k.split()[0]}_groups": float(v) for k, v in by_link.items()},
         "directed_edges": int(len(last[last["seed"] == last["seed"].min()])),
     }
+
+
+@table_plotter("maps")
+def plot_maps(run_dir: Path) -> list[Path]:
+    maps = pd.read_parquet(Path(run_dir) / "maps.parquet")
+    if maps.empty:
+        return []
+    groups = client_groups(run_dir)
+    maps = with_groups(maps, groups)
+    last = maps[maps["round"] == maps["round"].max()]
     first_seed = last[last["seed"] == last["seed"].min()]
     plots = Path(run_dir) / "plots"
-    plot_heatmap(first_seed, len(groups), plots / "maps_last.png")
-    plot_over_rounds(maps, plots / "maps_over_rounds.png")
-    plot_graph(first_seed, groups, plots / "graph.png")
+    return [
+        plot_heatmap(first_seed, len(groups), plots / "maps_last.png"),
+        plot_over_rounds(maps, plots / "maps_over_rounds.png"),
+        plot_graph(first_seed, groups, plots / "graph.png"),
+    ]

@@ -1,4 +1,5 @@
-"""Setting a seed's federation up: partition, topology, and which host holds whom.
+"""Planning a seed's federation: partition the data, build its topology, check that it fits,
+and lay its participants out on hosts (their `HostSpec`s).
 
 Only metadata and sample indices are produced here; each client's data is built
 from (source, indices) inside the actor that hosts it.
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from raymtl.algorithms.base import SERVER, FederationInfo, client_name, leader_name, lps_name
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
+from raymtl.plugins import search_paths
 from raymtl.runtime.executor import Executor
 from raymtl.runtime.host import HostSpec
 from raymtl.tasks.assign import assign_tasks
@@ -88,15 +90,15 @@ def check_memory(cfg: ExperimentConfig, federation: FederationInfo, reported: in
         algorithm.check_resources(federation, budget)
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
-    if not hasattr(algorithm, "persistent_bytes"):
-        return
     per_host = runtime.clients_per_actor
     if per_host == "auto":
         per_host = auto_clients_per_actor(
             n, runtime.num_cpus or os.cpu_count() or 1, runtime.num_cpus_per_actor
         )
-    hosts = {f"clients-{k}": [client_name(i) for i in block]
-             for k, block in enumerate(group_blocks(n, per_host))}  # fmt: skip
+    hosts = {
+        f"clients-{k}": [client_name(i) for i in block]
+        for k, block in enumerate(group_blocks(n, per_host))
+    }
 
     def build(name, num_classes):
         params = cfg.model.params if name in (None, cfg.model.name) else {}
@@ -135,7 +137,7 @@ def build_setup(
     shared = executor.share_pools(pools)  # once per run in Ray's object store (None inline)
     specs = {
         name: HostSpec(
-            config=cfg.model_dump(mode="json"),
+            config=cfg,
             federation=federation,
             participants=tuple(members),
             shards={p: by_name[p] for p in members if p in by_name},
@@ -146,6 +148,7 @@ def build_setup(
             device=client_device(cfg) if members[0].startswith("client") else "cpu",
             checkpoint_root=str(seed_dir),  # a path or a URI (runtime/storage.py)
             resume_round=resume_round,
+            plugin_paths=search_paths(),
         )
         for name, members in surviving_layout(cfg, federation, executor, lost).items()
     }
@@ -180,9 +183,14 @@ def client_models(cfg: ExperimentConfig, seed: int, shards, specs) -> tuple[str,
     model = cfg.model
     try:
         models = assign_models(
-            len(shards), model.name, seed=seed, mix=model.mix, by_task=model.by_task,
-            clients=model.clients, task_names=tuple(specs[s.task].name for s in shards),
-        )  # fmt: skip
+            len(shards),
+            model.name,
+            seed=seed,
+            mix=model.mix,
+            by_task=model.by_task,
+            clients=model.clients,
+            task_names=tuple(specs[s.task].name for s in shards),
+        )
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
     if len(set(models)) > 1 and get_algorithm(cfg.algorithm.name).model_support != "different":
@@ -205,8 +213,10 @@ def check_model(cfg: ExperimentConfig, federation: FederationInfo) -> None:
 
 def surviving_layout(cfg, federation: FederationInfo, executor: Executor, lost) -> dict:
     """host_layout without the participants the run went on without (hosts left empty go)."""
-    layout = {name: [p for p in members if p not in lost]
-              for name, members in host_layout(cfg, federation, executor).items()}  # fmt: skip
+    layout = {
+        name: [p for p in members if p not in lost]
+        for name, members in host_layout(cfg, federation, executor).items()
+    }
     return {name: members for name, members in layout.items() if members}
 
 

@@ -1,0 +1,160 @@
+"""`raymtl.compare` and `raymtl compare`: several experiments on one partition and one set
+of seeds.
+
+Each experiment runs into its own run directory inside the comparison directory; the
+comparison adds one table (table.csv, summary.json) and, unless every experiment says
+`output.plots: false`, side-by-side figures. `a.b=x,y` fans one experiment out into several.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from raymtl.callbacks import Callback
+from raymtl.config import ConfigError, ExperimentConfig, apply_override, parse_config
+from raymtl.metrics import plot_comparison, results_table
+from raymtl.metrics.delta import delta_table, local_reference, record_deltas
+from raymtl.metrics.tasks import task_table
+from raymtl.python_api import Experiment, Results, raw_experiment, run
+from raymtl.runtime_paths import make_directory
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A finished comparison: its folder, table.csv as a frame, and each experiment's results."""
+
+    out_dir: Path
+    table: pd.DataFrame  # table.csv: one row per experiment, each final figure's mean and std
+    runs: dict[str, Results]  # experiment name -> its results, in the order they ran
+    summaries: list[dict]  # summary.json of the comparison: one summary per experiment
+
+
+def compare(
+    experiments: Iterable[Experiment],
+    overrides: Iterable[str] = (),
+    out: str | Path | None = None,
+    callbacks: Iterable[Callback] = (),
+) -> Comparison:
+    """Run every experiment (configs, mappings or YAML paths; `a.b=x,y` in `overrides` fans
+    each out) into `out` (default <output.dir>/compare-<time>) and tabulate them."""
+    configs = expand_experiments(list(experiments), list(overrides))
+    out = comparison_dir(configs, out)
+    callbacks = tuple(callbacks)
+    runs = {cfg.name: run(cfg, callbacks=callbacks, run_dir=out / cfg.name) for cfg in configs}
+    summaries = [{**results.summary, "algorithm": name} for name, results in runs.items()]
+    reference = local_reference(configs)
+    if reference is not None:  # Δ%: each arm's mean relative gain over Local across clients
+        run_dirs = {name: results.run_dir for name, results in runs.items()}
+        deltas = record_deltas(run_dirs, reference, out)  # also into each run's summary.json
+        for summary in summaries:
+            summary["delta_vs_local"] = deltas[summary["algorithm"]]
+        runs = {
+            name: replace(results, summary={**results.summary, "delta_vs_local": deltas[name]})
+            for name, results in runs.items()
+        }
+    (out / "summary.json").write_text(json.dumps(summaries, indent=2))
+    table = final_table(summaries)
+    table.to_csv(out / "table.csv", index=False)
+    if any(summary.get("tasks") for summary in summaries):
+        task_final_table(summaries).to_csv(out / "table_tasks.csv", index=False)
+    if any(cfg.output.plots for cfg in configs):
+        plot_comparison({name: results.run_dir for name, results in runs.items()}, out / "plots")
+    return Comparison(out_dir=out, table=table, runs=runs, summaries=summaries)
+
+
+def expand_experiments(
+    experiments: list[Experiment], overrides: list[str] = ()
+) -> list[ExperimentConfig]:
+    """Experiments and `a.b=v` overrides -> configs; `a.b=x,y` fans each experiment out into
+    several, named `<name>-<value>` (a file without a name: its stem)."""
+    if not experiments:
+        raise ConfigError("compare: give at least one experiment")
+    fan_key, fan_values = None, [None]
+    for item in overrides:
+        key, _, value = item.partition("=")
+        # A YAML list or mapping (rotations=[0,90]) is one value, not values to fan out.
+        if "," in value and not value.lstrip().startswith(("[", "{")):
+            if fan_key is not None:
+                raise ConfigError(f"{key}: only one override may list several values")
+            fan_key, fan_values = key, [v.strip() for v in value.split(",")]
+    fixed = [item for item in overrides if not item.startswith(f"{fan_key}=")]
+    configs = []
+    for experiment in experiments:
+        base = raw_experiment(experiment, fixed)
+        if isinstance(experiment, str | Path):
+            base.setdefault("name", Path(experiment).stem)
+        for value in fan_values:
+            raw = raw_experiment(base)  # a copy per value
+            if fan_key is not None:
+                apply_override(raw, f"{fan_key}={value}")
+                raw["name"] = f"{raw.get('name', 'experiment')}-{value}"
+            configs.append(parse_config(raw))
+    check_same_setting(configs)
+    return configs
+
+
+def check_same_setting(configs: list[ExperimentConfig]) -> None:
+    """A comparison is only fair on the same data partition and seeds."""
+    first = configs[0]
+    for other in configs[1:]:
+        for field in ("data", "seeds", "rounds"):
+            if getattr(other, field) != getattr(first, field):
+                raise ConfigError(
+                    f"{field}: '{other.name}' differs from '{first.name}' (compare needs the same)"
+                )
+    names = [cfg.name for cfg in configs]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"name: experiments to compare need distinct names, got {names}")
+
+
+def comparison_dir(configs: list[ExperimentConfig], out: str | Path | None) -> Path:
+    """A new, empty local folder for the comparison (made here)."""
+    if out is None and "://" in configs[0].output.dir:
+        raise ConfigError("--out: give a local comparison folder when output.dir is a URI")
+    if out is None:
+        out = Path(configs[0].output.dir) / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out: '{out}' exists and is not empty; compare writes a new directory")
+    return make_directory(out, exist_ok=True)
+
+
+def final_table(summaries: list[dict]) -> pd.DataFrame:
+    """One row per experiment: each final figure's mean and std over seeds."""
+    rows = []
+    for summary in summaries:
+        row = {"experiment": summary["algorithm"]}
+        for key, value in summary["final"].items():
+            row[f"{key}_mean"], row[f"{key}_std"] = value["mean"], value["std"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def task_final_table(summaries: list[dict]) -> pd.DataFrame:
+    """One row per (experiment, task): each final figure's mean and std over seeds."""
+    rows = []
+    for summary in summaries:
+        for task, figures in summary.get("tasks", {}).items():
+            row = {"experiment": summary["algorithm"], "task": task, "metric": figures["metric"]}
+            for key, value in figures["final"].items():
+                row[f"{key}_mean"], row[f"{key}_std"] = value["mean"], value["std"]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def print_comparison(comparison: Comparison, console: Console) -> None:
+    """The comparison's tables as `raymtl compare` prints them."""
+    summaries = comparison.summaries
+    console.print(results_table(summaries, title=f"comparison ({len(summaries)} experiments)"))
+    if any(summary.get("tasks") for summary in summaries):
+        console.print(task_table(summaries, title="per task"))
+    if any("delta_vs_local" in summary for summary in summaries):
+        console.print(delta_table(summaries))
+    console.print(f"comparison in [bold]{comparison.out_dir}[/]")

@@ -1,0 +1,44 @@
+"""What every part of the experiment's configuration shares: the one-line `ConfigError`, the
+`Section` base of every pydantic section, and the one line taken from a pydantic error.
+
+It imports nothing of raymtl, so the configuration modules form a chain without circles:
+config_base <- plugins, config_data <- config_checks <- config.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+# "params.width: ...": a message that starts with the field (path) it is about.
+FIELD_PREFIX = re.compile(r"[a-z_][a-z0-9_]*(\.[a-z0-9_]+)*: ")
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration error naming the field."""
+
+
+class Section(BaseModel):
+    # inf and NaN are never a setting (lr=.inf once became `lr: null` in config.yaml)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def first_error(error: ValidationError, prefix: str = "") -> str:
+    """One line from a pydantic error: 'field.path: message'."""
+    detail = error.errors()[0]
+    location = ".".join(str(part) for part in detail["loc"])
+    location = ".".join(part for part in (prefix, location) if part)
+    message = detail["msg"].removeprefix("Value error, ")
+    if detail["type"] == "extra_forbidden":
+        message = "unknown key"
+    message = message.splitlines()[0] if message else message
+    if location and FIELD_PREFIX.match(message):  # a section's rule names its own field
+        return f"{location}.{message}"
+    return f"{location}: {message}" if location else message
+
+
+def one_line(error: BaseException) -> str:
+    """The first line of an exception's text (its type name when it has none)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,138 @@
+"""Sources for a user's own data, without writing a loader: `arrays` (an .npz file) and
+`image_folder` (a folder of class folders of images).
+
+    data: {name: arrays, params: {path: my_data.npz}}
+        x (N, H, W) | (N, C, H, W) | (N, H, W, C) with C 1 or 3 | (N, D) vectors (1x1xD);
+        uint8 pixels (scale 255) or floats used as they are; y (N,) class labels of any kind
+        (ids, numbers, strings: classes are their sorted distinct values). x_test and y_test,
+        when the file has them, are the official test split.
+    data: {name: image_folder, params: {path: my_images, size: 32, grey: false}}
+        path/<class>/*.png|jpg|... (torchvision's ImageFolder layout; classes are the sorted
+        folder names), every image resized to size x size, grey (1 channel) or colour (3).
+        With path/train/<class>/ and path/test/<class>/, test is the official test split.
+
+A relative `path` is looked up under `data.root` when it is set, else the current folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from raymtl.data.source_registry import Pool, register_dataset
+
+CHANNELS = (1, 3)
+
+
+def _resolve(path: str | None, root: str | None, source: str) -> Path:
+    if not path:
+        raise ValueError(f"data.params.path: required by source {source!r}")
+    resolved = Path(os.path.expanduser(path))
+    if not resolved.is_absolute() and root:
+        resolved = Path(os.path.expanduser(root)) / resolved
+    return resolved
+
+
+def _images(x: np.ndarray, field: str) -> np.ndarray:
+    """(N, C, H, W) from the layouts the module docstring lists."""
+    if x.ndim == 2:  # feature vectors: a 1x1 image of D channels' worth of width
+        return x[:, None, None, :]
+    if x.ndim == 3:
+        return x[:, None]
+    if x.ndim == 4 and x.shape[1] not in CHANNELS and x.shape[-1] in CHANNELS:
+        return x.transpose(0, 3, 1, 2)
+    if x.ndim == 4:
+        return x
+    expected = "(N, H, W), (N, C, H, W), (N, H, W, C) or (N, D)"
+    raise ValueError(f"data.params.path: {field} has shape {x.shape}; expected {expected}")
+
+
+def _pool(splits: list[tuple[np.ndarray, np.ndarray]], source: str) -> Pool:
+    """One Pool of the splits (train first), classes the sorted distinct labels of all."""
+    labels = np.concatenate([y for _, y in splits])
+    classes, ids = np.unique(labels, return_inverse=True)
+    x = np.concatenate([x for x, _ in splits])
+    if x.dtype == np.uint8:
+        tensor, scale = torch.from_numpy(np.ascontiguousarray(x)), 255.0
+    elif np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_:
+        tensor, scale = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), 1.0
+    else:
+        raise ValueError(f"data.params.path: x holds {x.dtype}, not numbers")
+    names = tuple(str(name) for name in classes)
+    test_start = len(splits[0][1]) if len(splits) > 1 else None
+    y = torch.from_numpy(ids.reshape(-1).astype(np.int64))
+    return Pool(tensor, y, len(names), names, scale, source, test_start)
+
+
+@register_dataset("arrays")
+def load_arrays(root: str | None = None, download: bool = False, path: str | None = None) -> Pool:
+    """Your own arrays: an .npz file with x and y (and optionally x_test, y_test)."""
+    file = _resolve(path, root, "arrays")
+    if not file.is_file():
+        raise ValueError(f"data.params.path: '{file}' is not a file (an .npz with x and y)")
+    try:
+        arrays = np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"data.params.path: '{file}' is not an .npz file ({error})") from None
+    splits = []
+    for x_key, y_key in (("x", "y"), ("x_test", "y_test")):
+        if x_key not in arrays and x_key == "x_test":
+            continue
+        if x_key not in arrays or y_key not in arrays:
+            raise ValueError(f"data.params.path: '{file}' has no array {x_key!r} / {y_key!r}")
+        x, y = _images(arrays[x_key], x_key), arrays[y_key].reshape(-1)
+        if len(x) != len(y) or len(x) == 0:
+            raise ValueError(f"data.params.path: {x_key} has {len(x)} samples, {y_key} {len(y)}")
+        splits.append((x, y))
+    if len(splits) > 1 and splits[0][0].shape[1:] != splits[1][0].shape[1:]:
+        raise ValueError("data.params.path: x and x_test samples differ in shape")
+    return _pool(splits, str(file))
+
+
+@register_dataset("image_folder")
+def load_image_folder(
+    root: str | None = None,
+    download: bool = False,
+    path: str | None = None,
+    size: int = 32,
+    grey: bool = False,
+) -> Pool:
+    """Your own images: path/<class>/*.png (ImageFolder layout), resized to size x size."""
+    folder = _resolve(path or root, None if not path else root, "image_folder")
+    if not folder.is_dir():
+        raise ValueError(f"data.params.path: '{folder}' is not a folder of class folders")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"data.params.size: {size!r} is not a positive integer")
+    split_folders = [folder / "train", folder / "test"]
+    if not all(split.is_dir() for split in split_folders):
+        split_folders = [folder]
+    classes = sorted(
+        {child.name for split in split_folders for child in split.iterdir() if child.is_dir()}
+    )
+    if not classes:
+        raise ValueError(f"data.params.path: '{folder}' has no class folders")
+    splits = [_read_split(split, classes, size, grey) for split in split_folders]
+    return _pool(splits, str(folder))
+
+
+def _read_split(folder: Path, classes: list[str], size: int, grey: bool):
+    from PIL import Image  # only this source reads image files
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    index = {name: i for i, name in enumerate(classes)}
+    present = {name: i for name, i in index.items() if (folder / name).is_dir()}
+    try:
+        samples = make_dataset(str(folder), present, extensions=IMG_EXTENSIONS)
+    except FileNotFoundError as error:  # a class folder without images
+        raise ValueError(f"data.params.path: {' '.join(str(error).split())}") from None
+    images = []
+    for file, _ in samples:
+        with Image.open(file) as image:
+            image = image.convert("L" if grey else "RGB").resize((size, size), Image.BILINEAR)
+            pixels = np.asarray(image, dtype=np.uint8)
+        images.append(pixels[None] if grey else pixels.transpose(2, 0, 1))
+    labels = np.array([classes[label] for _, label in samples])
+    return np.stack(images), labels

@@ -1,0 +1,79 @@
+"""Everything a plugin author needs, under one public name: `from raymtl.extend import ...`.
+
+A plugin is a module of your own, named in an experiment's `plugins:` list (a module name
+or a path to a .py file), that registers what the experiment then names:
+
+    algorithm.name          @register_algorithm on an Algorithm subclass (its Params typed)
+    model.name              @register_model on a FedModel subclass
+    data.name               @register_dataset(name) on fn(root, download, **params) -> Pool
+    data.partition.kind     @register_partition(name) on fn(class_counts, num_clients, rng)
+    topology.kind           @register_topology(name) on fn(num_nodes, seed, *, params)
+    data.tasks[].targets    @register_target(name, loss, metrics) on fn(pool) -> Targets
+
+Every registry checks what it is given against its contract and raises a one-line
+ValueError when it breaks it; the experiment reports that as `plugins: 'module': ...`.
+The training helpers are the ones the built-in algorithms use (docs/EXTENDING.md walks
+through a whole algorithm).
+"""
+
+from __future__ import annotations
+
+from raymtl.algorithms.base import (
+    SERVER,
+    Algorithm,
+    FederationInfo,
+    LocalTrainingParams,
+    Message,
+    Params,
+    Phase,
+    State,
+    StepContext,
+    client_name,
+)
+from raymtl.algorithms.fedavg import FedAvg, by_sender, train_local_model
+from raymtl.algorithms.registry import register_algorithm
+from raymtl.algorithms.training import (
+    derive_seed,
+    evaluate,
+    load_received,
+    load_tensors,
+    local_sgd,
+    model_tensors,
+    weighted_average,
+)
+from raymtl.data import Pool, register_dataset, register_partition
+from raymtl.graph import register_topology
+from raymtl.models import FedModel, register_model
+from raymtl.tasks import Targets, register_target
+
+__all__ = [
+    "SERVER",
+    "Algorithm",
+    "FedAvg",
+    "FedModel",
+    "FederationInfo",
+    "LocalTrainingParams",
+    "Message",
+    "Params",
+    "Phase",
+    "Pool",
+    "State",
+    "StepContext",
+    "Targets",
+    "by_sender",
+    "client_name",
+    "derive_seed",
+    "evaluate",
+    "load_received",
+    "load_tensors",
+    "local_sgd",
+    "model_tensors",
+    "register_algorithm",
+    "register_dataset",
+    "register_model",
+    "register_partition",
+    "register_target",
+    "register_topology",
+    "train_local_model",
+    "weighted_average",
+]

@@ -1,0 +1,28 @@
+"""Figures over seeds, and the rows of rounds.parquet they are read from.
+
+The bottom of the metrics package: summaries, per-task figures, Δ% and the table reporters
+all use these, and this module imports none of them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+
+def evaluated_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Rows of rounds where evaluation happened (non-eval rounds carry NaN loss).
+
+    The loss, not the accuracy: a federation of regression tasks has no accuracy.
+    """
+    return rounds.dropna(subset=["mean_loss"])
+
+
+def mean_and_std(values: list[float]) -> dict[str, float]:
+    """Mean and population std (ddof=0, so a single seed gives std 0, not NaN) over seeds."""
+    if not values:
+        return {"mean": math.nan, "std": math.nan}
+    array = np.asarray(values, dtype=float)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=0))}

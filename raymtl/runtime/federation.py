@@ -1,0 +1,248 @@
+"""The live federation of one seed: its hosts started, driven round by round.
+
+    with Federation(cfg) as fed:          # hosts started (Ray too, for runtime.executor: ray)
+        while fed.round < cfg.rounds:
+            event = fed.run_round()       # phases, evaluation when due, rows, checkpoint
+            print(event.row["mean_accuracy"])
+        weights = fed.state(3)["model"]   # client 3's kept tensors, fetched from its host
+
+The CLI, `raymtl.run` and the Driver (every seed of a run) are built on this object. It
+starts from the seed's last complete checkpoint when there is one, checkpoints every
+checkpoint_every rounds, and recovers from lost hosts: the whole federation is rolled back
+to its last complete checkpoint and the lost rounds are replayed (at most
+runtime.max_restarts times a seed), so the results equal the fault-free run's. Every fault
+is a row of faults.parquet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from raymtl.algorithms.base import client_name
+from raymtl.algorithms.registry import get_algorithm
+from raymtl.callbacks import RoundEvent
+from raymtl.config import ConfigError, ExperimentConfig
+from raymtl.metrics import Recorder
+from raymtl.runtime.accounting import resumed_totals
+from raymtl.runtime.checkpoints import (
+    check_shared,
+    checkpoint_dir,
+    latest_checkpoint,
+    lost_at,
+    verify_checkpoint,
+)
+from raymtl.runtime.executor import HostsLost
+from raymtl.runtime.faults import fault_rows
+from raymtl.runtime.launch import executor_factory
+from raymtl.runtime.planning import build_setup
+from raymtl.runtime.round_loop import RoundLoop
+from raymtl.runtime.run_dirs import finish_run, reopen_run, start_run
+from raymtl.runtime.storage import Location, publish
+
+log = logging.getLogger(__name__)
+
+
+class Federation:
+    """One seed's federation: `run_round()`, `state(client)`, `close()` (or a `with` block).
+
+    `run_dir`: the run directory (a path or a URI) it records into; by default a new one
+    under output.dir, as `raymtl run` makes it. Callbacks' `on_round_end` run after every
+    round; one returning True stops the seed there (`done`). The keyword-only arguments are
+    the Driver's: the run's store, recorder and executors, shared by its seeds.
+    """
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        seed: int | None = None,
+        run_dir: str | Path | None = None,
+        callbacks=(),
+        *,
+        store: Location | None = None,
+        recorder: Recorder | None = None,
+        make_executor=None,
+    ):
+        self.cfg = cfg
+        self.seed = cfg.seeds[0] if seed is None else int(seed)
+        self.callbacks = tuple(callbacks)
+        # A federation of its own (not one seed of a Driver's run) makes and ends its run.
+        self._own_run = store is None
+        if self._own_run:
+            reopen = run_dir is not None and Location.of(run_dir).child("config.yaml").is_file()
+            local, store = reopen_run(cfg, run_dir) if reopen else start_run(cfg, run_dir)
+            run_dir = local
+        self.run_dir, self.store = Path(run_dir), store
+        self.recorder = recorder or Recorder.load(self.run_dir)
+        self.make_executor = make_executor or executor_factory(cfg)
+        # The driver only asks the algorithm for its phases; it never builds models.
+        params = cfg.algorithm.typed_params()
+        self.algorithm = get_algorithm(cfg.algorithm.name)(params, None)
+        self.seed_dir = store.child("checkpoints", f"seed{self.seed}")
+        if self.seed_dir.child("DONE").is_file():
+            raise ConfigError(
+                f"seed: {self.seed} of {store.uri} has finished (checkpoints/seed{self.seed}/"
+                "DONE); resume the run with more rounds to go on"
+            )
+        self.round = 0  # the last finished round
+        self.stopped = False  # a callback stopped the seed
+        self.recoveries = 0
+        self._executor, self._closed = None, False
+        self._current = 0  # the round in progress (faults name it)
+        if self._own_run:
+            for callback in self.callbacks:
+                callback.on_run_start(cfg, self.run_dir)
+        try:
+            self._until(0)  # start the hosts, from the last complete checkpoint
+        except BaseException:
+            self._shutdown()
+            raise
+
+    # -- the public face
+    @property
+    def done(self) -> bool:
+        """Every round has run, or a callback stopped the seed."""
+        return self.stopped or self.round >= self.cfg.rounds
+
+    def run_round(self) -> RoundEvent:
+        """Run the next round (a lost host is recovered from inside it); its event, after
+        the callbacks' on_round_end."""
+        if self._closed:
+            raise RuntimeError("federation: closed")
+        if self.done:
+            raise RuntimeError(f"federation: seed {self.seed} is done after round {self.round}")
+        event = self._until(self.round + 1)
+        stops = [callback.on_round_end(event) for callback in self.callbacks]
+        self.stopped = any(stop is True for stop in stops)
+        return event
+
+    def state(self, client: int | str) -> dict:
+        """What a participant (a client's index, or a name like "server") keeps between
+        rounds: `{"model": its state_dict, or None, "extras": its extras}` (CPU tensors),
+        fetched from its host."""
+        participant = client_name(client) if isinstance(client, int) else client
+        answer = self._until(self.round, lambda: self._executor.state(participant))
+        self._loop.record_lost(self.round, answer.lost)
+        if answer.value is None:
+            raise KeyError(f"{participant}: not a participant of this federation's hosts")
+        return answer.value
+
+    def close(self, finish: bool = True) -> None:
+        """Stop the hosts. A seed that is `done` is finished first (hosts.parquet, DONE;
+        with `finish`); a federation of its own then writes its run's summary."""
+        if self._closed:
+            return
+        try:
+            if finish and self.done and self._executor is not None:
+                self._until(self.round, self._record_host_memory)
+                self.recorder.flush()
+                publish(self.run_dir, self.store)
+                self.seed_dir.child("DONE").write_text("done\n")
+                if self._own_run:
+                    finish_run(self.cfg, self.run_dir, self.store, self.callbacks)
+            else:
+                self.recorder.flush()
+        finally:
+            self._shutdown()
+            self._closed = True
+
+    def __enter__(self) -> Federation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(finish=exc[0] is None)
+
+    # -- hosts, rounds and recovery
+    def _until(self, target: int, then=None):
+        """Run rounds until round `target` has run (hosts started or restarted from the last
+        complete checkpoint first, when none run), then `then()`. A lost host rolls back to
+        that checkpoint and replays (HostsLost, runtime.max_restarts)."""
+        while True:
+            try:
+                if self._executor is None:
+                    self._open()
+                event = None
+                while self.round < target:
+                    event = self._advance()
+                return then() if then is not None else event
+            except HostsLost as fault:
+                self._recover(fault)
+
+    def _open(self) -> None:
+        """Start the hosts from the seed's last complete checkpoint (round 0: the start)."""
+        start = latest_checkpoint(self.seed_dir)
+        self.recorder.truncate_after(self.seed, start)
+        self.round = self._current = start
+        self._attempt = time.perf_counter()
+        self._executor = executor = self.make_executor()
+        lost = lost_at(self.seed_dir, start)  # the federation as that checkpoint holds it
+        setup = build_setup(self.cfg, self.seed, executor, self.seed_dir, start, lost)
+        executor.lost = set(lost)
+        executor.start(setup.specs)
+        check_shared(self.seed_dir.child(".probe"), executor)
+        self._wall, self._cumulative = resumed_totals(self.recorder.rounds(), self.seed, start)
+        self._loop = RoundLoop(
+            self.cfg, self.algorithm, self.recorder, executor, setup.federation, self.seed
+        )
+
+    def _advance(self) -> RoundEvent:
+        """Run round `self.round + 1`, record it, checkpoint when due."""
+        round_index = self._current = self.round + 1
+        began = time.perf_counter()
+        row, clients = self._loop.run(round_index, self._cumulative)
+        self._cumulative = [row["cum_bits_up"], row["cum_bits_down"]]
+        # Seconds inside the federation's rounds: a checkpoint counts towards the next round,
+        # time spent outside run_round (callbacks, a notebook's pauses) towards none.
+        row["wall_time"] = self._wall + time.perf_counter() - began
+        self.recorder.add_round(row)
+        if round_index % self.cfg.checkpoint_every == 0 and round_index < self.cfg.rounds:
+            self._checkpoint(round_index)
+        self._wall += time.perf_counter() - began
+        self.round = round_index
+        return RoundEvent(self.seed, round_index, self.cfg.rounds, row, clients)
+
+    def _checkpoint(self, round_index: int) -> None:
+        """Hosts save their own states; then metrics; then the COMPLETE marker."""
+        directory = checkpoint_dir(self.seed_dir, round_index)
+        saved = self._executor.save(directory.uri)
+        self._loop.record_lost(round_index, saved.lost)
+        verify_checkpoint(directory, self._executor.members)
+        self.recorder.flush()
+        publish(self.run_dir, self.store)
+        # The federation it holds: without the clients the run went on without.
+        complete = {"round": round_index, "lost": sorted(self._executor.lost)}
+        directory.child("COMPLETE").write_text(json.dumps(complete))
+
+    def _recover(self, fault: HostsLost) -> None:
+        """Record a lost host; roll back (the next `_until` restarts from the checkpoint) or,
+        with no recovery left, end the seed with one line."""
+        self._shutdown()
+        start, self.recoveries = latest_checkpoint(self.seed_dir), self.recoveries + 1
+        recover = self.recoveries <= self.cfg.runtime.max_restarts
+        seconds = time.perf_counter() - self._attempt
+        rows = fault_rows(self.seed, self._current, fault, start, self.recoveries, recover, seconds)
+        self.recorder.add_rows("faults", rows)
+        self.recorder.flush()
+        log.warning("seed %d round %d: %s; %s", self.seed, self._current, fault, rows[0]["action"])
+        if not recover:
+            raise RuntimeError(
+                f"runtime.max_restarts: {self.cfg.runtime.max_restarts} recoveries used up; "
+                f"{fault} (faults.parquet has every fault)"
+            ) from None
+
+    def _record_host_memory(self) -> None:
+        """hosts.parquet: each host's peak resident memory over the seed (bytes)."""
+        answer = self._executor.peak_memory()
+        self._loop.record_lost(self.round, answer.lost)
+        rows = [
+            {"seed": self.seed, "round": self.round, "host": host, "peak_rss": int(peak)}
+            for host, peak in sorted(answer.value.items())
+        ]
+        self.recorder.add_rows("hosts", rows)
+
+    def _shutdown(self) -> None:
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            executor.shutdown()

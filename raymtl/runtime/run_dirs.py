@@ -1,0 +1,125 @@
+"""A run's directory: where a new one is made (a path or a URI), its config.yaml, what may
+change when it is resumed, and what is written once it has run (summary, plots)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import yaml
+
+from raymtl.config import ConfigError, ExperimentConfig, apply_override, dump_config, parse_config
+from raymtl.data.sources import DEFAULT_CACHE_ROOT
+from raymtl.runtime.storage import Location, fetch, is_uri, publish
+from raymtl.runtime_paths import make_directory
+
+# What a resume may change: the rounds (only more), and where and how it runs (the executors
+# give identical results: a run may resume on another machine or cluster).
+RESUMABLE_CHANGES = ("rounds", "runtime")
+
+
+def check_output_dir(cfg: ExperimentConfig) -> None:
+    """Inside a `ray job submit` job the working directory is Ray's unpacked copy of the
+    code: a relative output.dir would put the results there, and they would go with it."""
+    relative = not is_uri(cfg.output.dir) and not Path(cfg.output.dir).is_absolute()
+    if relative and "_ray_pkg_" in str(Path.cwd()):
+        raise ConfigError(
+            f"output.dir: '{cfg.output.dir}' is relative inside a Ray job (it would land in "
+            "Ray's package folder); give an absolute path on storage every node shares"
+        )
+
+
+def staging_dir(store: Location) -> Path:
+    """The local folder where the driver writes a URI run's outputs before publishing them."""
+    digest = hashlib.blake2b(store.uri.encode(), digest_size=6).hexdigest()
+    return Path(DEFAULT_CACHE_ROOT).expanduser() / "staging" / f"{store.name}-{digest}"
+
+
+def run_location(where: str | Path) -> tuple[Path, Location]:
+    """(the local folder the driver writes, where the run lives): the same folder for a
+    path, a staging folder and the URI for a URI."""
+    if is_uri(where):
+        store = Location.of(where)
+        return make_directory(staging_dir(store), exist_ok=True), store
+    local = make_directory(Path(where), exist_ok=True)
+    return local, Location.of(local)
+
+
+def new_run_dir(cfg: ExperimentConfig) -> tuple[Path, Location]:
+    """<output.dir>/<name>-<timestamp>, made unique if two runs start in the same second."""
+    check_output_dir(cfg)
+    root, base = Location.of(cfg.output.dir), f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name, suffix = base, 1
+    while root.child(name).entries() or root.child(name).is_file():
+        name, suffix = f"{base}-{suffix}", suffix + 1
+    return run_location(root.child(name).uri)  # absolute: printed and returned as such
+
+
+def start_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tuple[Path, Location]:
+    """A new run of `cfg` in `run_dir` (default: a new folder under output.dir) with its
+    config.yaml: (the local folder, where the run lives)."""
+    from raymtl.runtime.planning import check_federation
+
+    # A missing dataset or a partition the data cannot give is a one-line ConfigError
+    # here, before Ray starts and before an empty run directory is left behind.
+    check_federation(cfg)  # partition, tasks and models: what the algorithm can run
+    local, store = run_location(run_dir) if run_dir else new_run_dir(cfg)
+    (local / "config.yaml").write_text(dump_config(cfg))
+    return local, store
+
+
+def reopen_run(cfg: ExperimentConfig, run_dir: str | Path) -> tuple[Path, Location]:
+    """An existing run (a path or a URI) to go on with `cfg`, which may only change what a
+    resume may change; the outputs so far are fetched from a URI."""
+    check_resumable(load_run_config(run_dir), cfg)
+    local, store = run_location(run_dir)
+    if is_uri(store.uri):
+        fetch(store, local)
+    return local, store
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """A run's config.yaml (a path or a URI), with overrides."""
+    store = Location.of(run_dir)
+    if not store.child("config.yaml").is_file():
+        raise ConfigError(f"--resume: '{run_dir}' has no config.yaml (not a run directory)")
+    raw = yaml.safe_load(store.child("config.yaml").read_text()) or {}
+    for assignment in overrides:
+        apply_override(raw, assignment)
+    return parse_config(raw)
+
+
+def check_resumable(saved: ExperimentConfig, cfg: ExperimentConfig) -> None:
+    """Refuse, in one line naming the field, a resume whose config changed what the run is."""
+    if cfg.rounds < saved.rounds:
+        raise ConfigError(f"rounds: {cfg.rounds} < {saved.rounds} of the run (it may only grow)")
+    before, after = saved.model_dump(mode="json"), cfg.model_dump(mode="json")
+    for field, old, new in changed_fields(before, after):
+        if field.split(".")[0] not in RESUMABLE_CHANGES:
+            raise ConfigError(
+                f"{field}: {old!r} in the run, {new!r} now; --resume keeps the run's settings "
+                "(only rounds may grow; start a new run instead)"
+            )
+
+
+def changed_fields(before, after, prefix: str = ""):
+    """(dotted field, old, new) for every leaf that differs between two config mappings."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in sorted(set(before) | set(after)):
+            yield from changed_fields(before.get(key), after.get(key), f"{prefix}{key}.")
+    elif before != after:
+        yield prefix.rstrip("."), before, after
+
+
+def finish_run(cfg: ExperimentConfig, run_dir: Path, store: Location, callbacks=()) -> None:
+    """Once every seed has run: summary.json, the plots (output.plots), the outputs copied
+    to where the run lives, then the callbacks' on_run_end."""
+    from raymtl.metrics import plot_run, summarize
+
+    summarize(run_dir, cfg.algorithm.name)
+    if cfg.output.plots:
+        plot_run(run_dir)
+    publish(run_dir, store)
+    for callback in callbacks:
+        callback.on_run_end(run_dir)

@@ -1,0 +1,199 @@
+"""The examples as a user runs them: examples/ copied to a folder outside the repository, so
+their plugins (the FedAvgM algorithm; the `bars` dataset and `tiny_cnn` model) are found only
+through the experiment file's `plugins:`. They give the same results on the Inline and the
+Ray executor, resume exactly, compare with a built-in algorithm, and run through
+`ray job submit` with the project as the job's working_dir."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from raymtl.cli import app
+from raymtl.config import load_config
+from raymtl.runtime import resume_experiment, run_experiment
+from tests.integration.test_job_submit import RAY, token_head  # noqa: F401 (a fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+# Small and quick: the examples' settings otherwise (their plugins, data, model, algorithm).
+QUICK = {
+    "rounds": 3,
+    "seeds": [0],
+    "checkpoint_every": 1,
+    "data.num_clients": 4,
+    "runtime.executor": "inline",
+    "runtime.dashboard": False,
+}
+EXAMPLES = {
+    "fedavgm": ("fedavgm", "fedavgm_digits.yaml", {"data.partition.max_samples_per_client": 60}),
+    "own_data": ("own_data", "own_data.yaml", {"data.params.num_samples": 400}),
+}
+CLIENT_COLUMNS = ["seed", "round", "client", "loss", "accuracy", "samples", "bits_up", "bits_down"]
+ROUND_COLUMNS = ["seed", "round", "mean_accuracy", "mean_loss", "bits_up", "bits_down"]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """examples/ copied outside the repository (one copy per module: a plugin module is
+    imported once per process, as a user's would be)."""
+    return Path(shutil.copytree(ROOT / "examples", tmp_path_factory.mktemp("user") / "examples"))
+
+
+def set_dotted(raw: dict, key: str, value) -> None:
+    *parents, leaf = key.split(".")
+    for part in parents:
+        raw = raw.setdefault(part, {})
+    raw[leaf] = value
+
+
+def quick_experiment(project: Path, example: str, out: Path, **settings) -> Path:
+    """The example's experiment file made quick, written next to it (so its relative
+    `plugins:` path still points at the example's module); returns its path."""
+    folder, filename, extra = EXAMPLES[example]
+    raw = yaml.safe_load((project / folder / filename).read_text())
+    for key, value in {**QUICK, **extra, **settings}.items():
+        set_dotted(raw, key, value)
+    raw["output"] = {"dir": str(out), "plots": False}
+    path = project / folder / f"quick_{out.name}_{filename}"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def clients_of(run_dir) -> pd.DataFrame:
+    frame = pd.read_parquet(Path(run_dir) / "clients.parquet")
+    return frame.sort_values(["seed", "round", "client"]).reset_index(drop=True)[CLIENT_COLUMNS]
+
+
+def rounds_of(run_dir) -> pd.DataFrame:
+    frame = pd.read_parquet(Path(run_dir) / "rounds.parquet")
+    columns = [c for c in ROUND_COLUMNS if c in frame.columns]
+    return frame.sort_values(["seed", "round"]).reset_index(drop=True)[columns]
+
+
+def run(path: Path, run_dir: Path, *overrides: str, stop_after: int | None = None) -> Path:
+    return Path(run_experiment(load_config(path, list(overrides)), run_dir, stop_after=stop_after))
+
+
+def plugin_module(algorithm: str):
+    """The module a plugin algorithm was imported from (by the experiment's `plugins:`)."""
+    from raymtl.algorithms.registry import get_algorithm
+
+    return sys.modules[get_algorithm(algorithm).__module__]
+
+
+def test_fedavgm_server_step_by_hand(project, tmp_path):
+    """v' = β·v + (w − a); w' = w − η_s·v', on numbers worked out by hand."""
+    load_config(quick_experiment(project, "fedavgm", tmp_path))  # imports the plugin
+    step = plugin_module("fedavgm").server_momentum_step
+    w, a, v = {"x": torch.tensor([1.0, -2.0])}, {"x": torch.tensor([0.5, 0.0])}, {}
+    v["x"] = torch.tensor([0.2, 1.0])
+    weights, velocity = step(w, a, v, momentum=0.9, lr=1.0)
+    # v' = 0.9·[0.2, 1] + ([1, -2] − [0.5, 0]) = [0.68, -1.1]; w' = [1, -2] − v' = [0.32, -0.9]
+    torch.testing.assert_close(velocity["x"], torch.tensor([0.68, -1.1]))
+    torch.testing.assert_close(weights["x"], torch.tensor([0.32, -0.9]))
+    weights, velocity = step(w, a, v, momentum=0.5, lr=2.0)
+    # v' = 0.5·[0.2, 1] + [0.5, -2] = [0.6, -1.5]; w' = [1, -2] − 2·v' = [-0.2, 1.0]
+    torch.testing.assert_close(velocity["x"], torch.tensor([0.6, -1.5]))
+    torch.testing.assert_close(weights["x"], torch.tensor([-0.2, 1.0]))
+    # β = 0, η_s = 1: the server takes the average itself, bit for bit (FedAvg).
+    odd = {"x": torch.tensor([1.0, 3e-8, -7.25])}
+    average = {"x": torch.tensor([1e-8, 0.1, 2.0])}
+    weights, _ = step(odd, average, {"x": torch.tensor([5.0, 5.0, 5.0])}, momentum=0.0, lr=1.0)
+    assert torch.equal(weights["x"], average["x"])
+
+
+def test_fedavgm_without_momentum_is_fedavg_exactly(project, tmp_path):
+    """β = 0, η_s = 1 reproduces the built-in fedavg run bit for bit; the defaults do not."""
+    path = quick_experiment(project, "fedavgm", tmp_path)
+    plain = run(path, tmp_path / "fedavgm0", "algorithm.params.server_momentum=0")
+    fedavg = run(path, tmp_path / "fedavg", "algorithm.name=fedavg")
+    pd.testing.assert_frame_equal(clients_of(plain), clients_of(fedavg))
+    momentum = run(path, tmp_path / "fedavgm")
+    last = clients_of(momentum)["round"] == 3
+    assert not clients_of(momentum)[last]["loss"].equals(clients_of(fedavg)[last]["loss"])
+    bits = ["round", "client", "bits_up", "bits_down"]  # the same traffic as FedAvg
+    pd.testing.assert_frame_equal(clients_of(momentum)[bits], clients_of(fedavg)[bits])
+    uploads = clients_of(momentum).groupby("round")["bits_up"].apply(lambda b: (b > 0).sum())
+    assert uploads.tolist() == [2, 2, 2]  # ⌈0.5·4⌉ sampled clients upload each round
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_an_example_resumes_exactly(project, tmp_path, example):
+    """Stopped after round 1 and resumed: the uninterrupted run (FedAvgM's velocity comes back
+    from the server's checkpoint)."""
+    path = quick_experiment(project, example, tmp_path)
+    whole = run(path, tmp_path / "whole")
+    broken = run(path, tmp_path / "broken", stop_after=1)
+    assert rounds_of(broken)["round"].tolist() == [1]
+    resumed = Path(resume_experiment(broken))
+    pd.testing.assert_frame_equal(clients_of(whole), clients_of(resumed))
+    pd.testing.assert_frame_equal(rounds_of(whole), rounds_of(resumed))
+    assert rounds_of(whole)["round"].tolist() == [1, 2, 3]
+
+
+def test_compare_a_plugin_algorithm_with_a_builtin_one(project, tmp_path):
+    path = quick_experiment(project, "fedavgm", tmp_path, rounds=2)
+    out = tmp_path / "cmp"
+    args = ["compare", str(path), "algorithm.name=fedavgm,fedavg", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "table.csv").set_index("experiment")
+    assert set(table.index) == {"fedavgm-digits-fedavgm", "fedavgm-digits-fedavg"}
+    # The same traffic (the velocity never leaves the server), other models.
+    bits = table["total_bits_mean"]
+    assert bits["fedavgm-digits-fedavgm"] == bits["fedavgm-digits-fedavg"] > 0
+    losses = [clients_of(out / arm)["loss"] for arm in sorted(table.index)]
+    assert not losses[0].equals(losses[1])
+    for arm in table.index:
+        config = yaml.safe_load((out / arm / "config.yaml").read_text())
+        assert config["algorithm"]["name"] == arm.rsplit("-", 1)[1]
+        assert rounds_of(out / arm)["round"].tolist() == [1, 2]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+def test_an_example_gives_the_same_results_inline_and_on_ray(
+    ray_session, project, tmp_path, example
+):
+    path = quick_experiment(project, example, tmp_path)
+    inline = run(path, tmp_path / "inline")
+    remote = run(path, tmp_path / "ray", "runtime.executor=ray")
+    pd.testing.assert_frame_equal(clients_of(inline), clients_of(remote))
+    pd.testing.assert_frame_equal(rounds_of(inline), rounds_of(remote))
+    assert clients_of(remote)["accuracy"].notna().all()
+
+
+@pytest.mark.slow
+def test_a_plugin_job_runs_from_its_working_dir(token_head, project, tmp_path):  # noqa: F811
+    """`ray job submit --working-dir <the user's project>`: the experiment names the plugin by
+    module name; the driver and every actor import it from the uploaded folder."""
+    env, address = token_head
+    folder = project / "fedavgm"
+    raw = yaml.safe_load((folder / "fedavgm_digits.yaml").read_text())
+    raw["plugins"] = ["fedavgm"]  # a module name: found in the job's working_dir
+    (folder / "job.yaml").write_text(yaml.safe_dump(raw))
+    quick = ["rounds=1", "seeds=[0]", "data.num_clients=4", "output.plots=false"]
+    quick += ["data.partition.max_samples_per_client=60", f"output.dir={tmp_path / 'runs'}"]
+    entrypoint = ["python", "-m", "raymtl", "run", "job.yaml", "runtime.address=auto", *quick]
+    command = [RAY, "job", "submit", f"--address={address}", "--working-dir", str(folder), "--"]
+    for _ in range(10):  # a fresh head's job agent takes a while to come up
+        result = subprocess.run(
+            [*command, *entrypoint], env=env, capture_output=True, text=True, timeout=600
+        )
+        if "No available agent" not in result.stdout + result.stderr:
+            break
+        time.sleep(3)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]["name"] == "fedavgm"
+    assert rounds_of(run_dir)["round"].tolist() == [1]
+    assert (clients_of(run_dir)["bits_up"] > 0).all()

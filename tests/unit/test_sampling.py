@@ -1,0 +1,36 @@
+"""The sampled count is exactly ⌈m·N⌉ for the m the user wrote, not for its float product."""
+
+from __future__ import annotations
+
+import pytest
+
+from raymtl.runtime.sampling import sample_clients, sample_size
+
+
+def test_every_two_decimal_fraction_of_up_to_200_clients_samples_ceil_m_n():
+    wrong = [
+        (hundredths, n)
+        for n in range(1, 201)
+        for hundredths in range(1, 101)
+        # ⌈k·N/100⌉ in integers: the exact count
+        if sample_size(hundredths / 100, n) != -(-hundredths * n // 100)
+    ]
+    assert wrong == []
+
+
+def test_the_float_product_is_not_rounded_up():
+    assert 0.28 * 25 > 7  # 7.000000000000001: math.ceil of it took 8
+    assert sample_size(0.28, 25) == 7
+
+
+@pytest.mark.parametrize(("fraction", "expected"), [(0.28, 7), (0.01, 1), (1.0, 25), (0.5, 13)])
+def test_the_sample_has_that_many_distinct_clients_and_depends_on_seed_and_round(
+    fraction, expected
+):
+    chosen = sample_clients(0, 3, 25, fraction)
+    assert len(chosen) == len(set(chosen)) == expected
+    assert list(chosen) == sorted(chosen) and all(0 <= i < 25 for i in chosen)
+    assert sample_clients(0, 3, 25, fraction) == chosen  # seeded by (seed, round)
+    if expected < 25:
+        others = {sample_clients(seed, t, 25, fraction) for seed in (0, 1) for t in (1, 2, 3)}
+        assert len(others) > 1
