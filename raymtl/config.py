@@ -180,6 +180,8 @@ class ExperimentConfig(Section):
     def _load_plugins_first(cls, raw: Any) -> Any:
         # Before any field: the names the rest of the file uses may be the plugins'.
         entries = raw.get("plugins") if isinstance(raw, dict) else None
+        if isinstance(entries, str):  # `plugins: my_module`, one entry
+            entries = [entries]
         if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
             return raw  # not a list of strings: the field's own validation says so
         resolved = [resolve_entry(entry) for entry in entries]
@@ -262,6 +264,7 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
     for assignment in overrides:
         apply_override(raw, assignment)
     entries = raw.get("plugins")
+    entries = [entries] if isinstance(entries, str) else entries
     if isinstance(entries, list):
         raw["plugins"] = [resolve_entry(entry, [path.resolve().parent]) for entry in entries]
     return raw

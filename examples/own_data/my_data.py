@@ -85,7 +85,7 @@ class TinyCNN(FedModel):
             nn.MaxPool2d(2),
             nn.Conv2d(width, 2 * width, 3, padding=1),
             nn.ReLU(),
-            nn.AdaptiveAvgPool2d(2),
+            nn.AdaptiveMaxPool2d(2),  # a bar anywhere in a quadrant: its strongest response
             nn.Flatten(),  # forward is head(backbone(x)): the head takes flat features
         )
         feature_dim = 2 * width * 2 * 2

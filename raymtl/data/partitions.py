@@ -124,7 +124,10 @@ def _kind_params(kind: str, spec: PartitionSpec, options: dict, params: dict) ->
     """The values of the kind's own parameters: data.partition's field of the same name, else
     data.partition.params, else the function's default."""
     if options.get("task_classes") is not None and "task_classes" not in spec.params:
-        raise fail("task_classes", f"only used with kind 'task_groups', not {kind!r}")
+        takers = "/".join(
+            name for name, other in PARTITIONS.items() if "task_classes" in other.params
+        )
+        raise fail("task_classes", f"only used with kind '{takers}', not {kind!r}")
     for key in params:
         if key not in spec.params:
             allowed = ", ".join(spec.params) or "none"

@@ -9,7 +9,6 @@ for seed in seeds (those not finished yet: checkpoints/seed<k>/DONE):
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from raymtl.metrics import Recorder
 from raymtl.runtime.executor import Executor
 from raymtl.runtime.federation import Federation
 from raymtl.runtime.storage import Location, publish
-
-log = logging.getLogger(__name__)
 
 
 class Driver:

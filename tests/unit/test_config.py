@@ -125,4 +125,5 @@ def test_plugins_load_before_validation_and_are_kept_absolute(tmp_path, monkeypa
     cfg = parse_config({"plugins": ["plugin_dir/empty_plugin.py"], **digits_experiment(tmp_path)})
     assert cfg.plugins == [str(plugin.resolve())]
     assert yaml.safe_load(dump_config(cfg))["plugins"] == [str(plugin.resolve())]
-    assert rejected(tmp_path, plugins="not-a-list").startswith("plugins: Input should be")
+    assert parse_config({"plugins": str(plugin), **digits_experiment(tmp_path)}) == cfg
+    assert rejected(tmp_path, plugins={"a": 1}).startswith("plugins: Input should be a valid list")

@@ -262,6 +262,11 @@ def test_a_module_that_raises_on_import_is_one_line(tmp_path):
 
 
 BROKEN = {
+    "an algorithm without phases": (
+        "from raymtl.extend import Algorithm, register_algorithm\n"
+        "@register_algorithm\nclass Phaseless(Algorithm):\n    name = 'phaseless'\n",
+        "algorithm class broken.Phaseless: does not define phases(round_index, rounds)",
+    ),
     "an algorithm without a name": (
         "from raymtl.extend import FedAvg, register_algorithm\n"
         "@register_algorithm\nclass Nameless(FedAvg):\n    name = ''\n",
