@@ -48,10 +48,11 @@ def load_bars(
     size: int = 12,
     noise: float = 0.2,
 ) -> Pool:
-    """The whole dataset as one Pool; raymtl partitions it among the clients.
+    """Seeded 12x12 grey images of a bar: horizontal, vertical or diagonal (4 classes).
 
-    `root` and `download` are every source's arguments (unused: the arrays are made here);
-    `seed` is the experiment's seed; the other keywords are `data.params`.
+    The whole dataset as one Pool; raymtl partitions it among the clients. `root` and
+    `download` are every source's arguments (unused: the arrays are made here); `seed` is
+    the experiment's seed; the other keywords are `data.params`.
     """
     # A bad value is one line naming its field, as raymtl's own sources do.
     for field, value, least in (("num_samples", num_samples, 4), ("size", size, 4)):

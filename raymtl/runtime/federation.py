@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from raymtl.algorithms.base import client_name
@@ -34,7 +35,7 @@ from raymtl.runtime.checkpoints import (
     lost_at,
     verify_checkpoint,
 )
-from raymtl.runtime.executor import HostsLost
+from raymtl.runtime.executor import Executor, HostsLost
 from raymtl.runtime.faults import fault_rows
 from raymtl.runtime.launch import executor_factory
 from raymtl.runtime.planning import build_setup
@@ -48,10 +49,14 @@ log = logging.getLogger(__name__)
 class Federation:
     """One seed's federation: `run_round()`, `state(client)`, `close()` (or a `with` block).
 
+    `cfg`: an `ExperimentConfig` (or a mapping, or the path of an experiment file).
     `run_dir`: the run directory (a path or a URI) it records into; by default a new one
-    under output.dir, as `raymtl run` makes it. Callbacks' `on_round_end` run after every
-    round; one returning True stops the seed there (`done`). The keyword-only arguments are
-    the Driver's: the run's store, recorder and executors, shared by its seeds.
+    under output.dir, as `raymtl run` makes it; a run directory with a config.yaml already
+    is resumed (its config may only change as --resume allows). Callbacks' `on_round_end`
+    run after every round; one returning True stops the seed there (`done`). A federation
+    of its own also calls `on_run_start`, and `on_run_end` once its seed is done. The
+    keyword-only arguments are the Driver's: the run's store, recorder and executors,
+    shared by its seeds.
     """
 
     def __init__(
@@ -63,8 +68,12 @@ class Federation:
         *,
         store: Location | None = None,
         recorder: Recorder | None = None,
-        make_executor=None,
+        make_executor: Callable[[], Executor] | None = None,
     ):
+        if not isinstance(cfg, ExperimentConfig):
+            from raymtl.python_api import experiment_config
+
+            cfg = experiment_config(cfg)
         self.cfg = cfg
         self.seed = cfg.seeds[0] if seed is None else int(seed)
         self.callbacks = tuple(callbacks)

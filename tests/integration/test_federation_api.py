@@ -15,6 +15,7 @@ from raymtl.callbacks import Callback
 from raymtl.config import ConfigError
 from raymtl.runtime import resume_experiment, run_experiment
 from raymtl.runtime.federation import Federation
+from tests.conftest import digits_experiment
 
 
 def test_a_federation_runs_round_by_round_and_fetches_kept_state(make_config):
@@ -42,6 +43,21 @@ def test_a_federation_runs_round_by_round_and_fetches_kept_state(make_config):
     # Closed at its end: the seed is finished and its run has a summary.
     assert (fed.run_dir / "checkpoints" / "seed0" / "DONE").is_file()
     assert (fed.run_dir / "summary.json").is_file()
+
+
+def test_a_federation_closed_early_stays_open_to_go_on_from(tmp_path):
+    raw = digits_experiment(tmp_path, rounds=3)  # a mapping is an experiment too
+    fed = Federation(raw)
+    fed.run_round()
+    fed.close()  # round 1 of 3: nothing finished
+    assert not (fed.run_dir / "checkpoints" / "seed0" / "DONE").exists()
+    assert pd.read_parquet(fed.run_dir / "rounds.parquet")["round"].tolist() == [1]
+    with Federation(raw, run_dir=fed.run_dir) as again:
+        assert again.round == 1  # from round 1's checkpoint
+        assert again.run_round().round == 2
+    with pytest.raises(ConfigError, match=r"^algorithm.params.lr: 0.1 in the run, 0.5 now"):
+        changed = digits_experiment(tmp_path, rounds=3, **{"algorithm.params.lr": 0.5})
+        Federation(changed, run_dir=fed.run_dir)
 
 
 def final_clients(run_dir) -> pd.DataFrame:

@@ -6,6 +6,7 @@ Ray executor, resume exactly, compare with a built-in algorithm, and run through
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -172,28 +173,63 @@ def test_an_example_gives_the_same_results_inline_and_on_ray(
     assert clients_of(remote)["accuracy"].notna().all()
 
 
-@pytest.mark.slow
-def test_a_plugin_job_runs_from_its_working_dir(token_head, project, tmp_path):  # noqa: F811
-    """`ray job submit --working-dir <the user's project>`: the experiment names the plugin by
-    module name; the driver and every actor import it from the uploaded folder."""
-    env, address = token_head
-    folder = project / "fedavgm"
-    raw = yaml.safe_load((folder / "fedavgm_digits.yaml").read_text())
-    raw["plugins"] = ["fedavgm"]  # a module name: found in the job's working_dir
-    (folder / "job.yaml").write_text(yaml.safe_dump(raw))
+def submit_job(env, address: str, working_dir: Path, out: Path, *runtime_env: str):
+    """`ray job submit` of the experiment job.yaml in `working_dir`, made quick; returns the
+    finished process and the run directory it wrote."""
     quick = ["rounds=1", "seeds=[0]", "data.num_clients=4", "output.plots=false"]
-    quick += ["data.partition.max_samples_per_client=60", f"output.dir={tmp_path / 'runs'}"]
+    quick += ["data.partition.max_samples_per_client=60", f"output.dir={out}"]
     entrypoint = ["python", "-m", "raymtl", "run", "job.yaml", "runtime.address=auto", *quick]
-    command = [RAY, "job", "submit", f"--address={address}", "--working-dir", str(folder), "--"]
+    command = [RAY, "job", "submit", f"--address={address}", "--working-dir", str(working_dir)]
     for _ in range(10):  # a fresh head's job agent takes a while to come up
         result = subprocess.run(
-            [*command, *entrypoint], env=env, capture_output=True, text=True, timeout=600
+            [*command, *runtime_env, "--", *entrypoint],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         if "No available agent" not in result.stdout + result.stderr:
             break
         time.sleep(3)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]["name"] == "fedavgm"
-    assert rounds_of(run_dir)["round"].tolist() == [1]
-    assert (clients_of(run_dir)["bits_up"] > 0).all()
+    (run_dir,) = out.iterdir()
+    return run_dir
+
+
+def job_file(project: Path, folder: Path, plugin: str) -> None:
+    """The FedAvgM example's experiment as `folder`/job.yaml, naming the plugin `plugin`."""
+    raw = yaml.safe_load((project / "fedavgm" / "fedavgm_digits.yaml").read_text())
+    raw["plugins"] = [plugin]
+    (folder / "job.yaml").write_text(yaml.safe_dump(raw))
+
+
+@pytest.mark.slow
+def test_a_plugin_job_runs_on_a_head_from_working_dir_or_py_modules(
+    token_head,  # noqa: F811 (the fixture imported above)
+    project,
+    tmp_path,
+):
+    """`ray job submit` as a user on a cluster: the plugin is a module of the job's
+    working_dir (`plugins: [fedavgm]`), or of a package shipped by the runtime env's
+    py_modules (`plugins: [user_plugins.fedavgm]`); the driver and every actor import it."""
+    env, address = token_head
+    job_file(project, project / "fedavgm", "fedavgm")
+    package = tmp_path / "user_plugins"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    shutil.copy(project / "fedavgm" / "fedavgm.py", package)
+    jobs = tmp_path / "jobs"  # the experiment only: the plugin comes through py_modules
+    jobs.mkdir()
+    job_file(project, jobs, "user_plugins.fedavgm")
+    modules = json.dumps({"py_modules": [str(package)]})
+    runs = [
+        submit_job(env, address, project / "fedavgm", tmp_path / "runs_wd"),
+        submit_job(env, address, jobs, tmp_path / "runs_pm", "--runtime-env-json", modules),
+    ]
+    for run_dir, plugin in zip(runs, ["fedavgm", "user_plugins.fedavgm"], strict=True):
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert config["algorithm"]["name"] == "fedavgm" and config["plugins"] == [plugin]
+        assert rounds_of(run_dir)["round"].tolist() == [1]
+        assert (clients_of(run_dir)["bits_up"] > 0).sum() == 2  # ⌈0.5·4⌉ clients trained
+    # The same module under two names, from two places: the same run.
+    pd.testing.assert_frame_equal(clients_of(runs[0]), clients_of(runs[1]))
