@@ -91,19 +91,19 @@ def run_one(algorithm: str, clients: int, args) -> dict:
     """One configuration in this process; its figures."""
     import pandas as pd
 
-    from raymtl.config import parse_config
-    from raymtl.runtime.api import start_ray
-    from raymtl.runtime.driver import Driver
-    from raymtl.runtime.ray_executor import RayExecutor
+    import raymtl
+    from raymtl.runtime import start_ray
 
     monitor = PeakMemory()
     monitor.start()
     with tempfile.TemporaryDirectory() as folder:
         run_dir = Path(folder) / "run"
-        cfg = parse_config(experiment(algorithm, clients, run_dir, args))
+        cfg = raymtl.ExperimentConfig.model_validate(experiment(algorithm, clients, run_dir, args))
         ray_start = start_ray(cfg)
         began = time.perf_counter()
-        Driver(cfg, run_dir, lambda: RayExecutor(cfg.runtime)).run()
+        with raymtl.Federation(cfg, run_dir=run_dir) as federation:
+            while not federation.done:
+                federation.run_round()
         total = time.perf_counter() - began
         rounds = pd.read_parquet(run_dir / "rounds.parquet")
         phases = pd.read_parquet(run_dir / "phases.parquet")

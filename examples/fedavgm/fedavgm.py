@@ -54,8 +54,8 @@ def server_momentum_step(
 ) -> tuple[Tensors, Tensors]:
     """One server step: (w, a, v) -> (w − η_s·v', v') with v' = β·v + (w − a).
 
-    w − η_s·v' is computed as (1 − η_s)·w + η_s·a − η_s·β·v (the same number), so that
-    β = 0, η_s = 1 returns the average bit for bit, as FedAvg does.
+    w − η_s·v' is computed as (1 − η_s)·w + η_s·a − η_s·β·v (equal in exact arithmetic), so
+    that β = 0, η_s = 1 returns the average bit for bit, as FedAvg does.
     """
     new_weights, new_velocity = {}, {}
     for name, w in weights.items():

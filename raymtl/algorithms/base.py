@@ -142,10 +142,6 @@ class FederationInfo:
         return [i for i, k in enumerate(self.lps_of_client) if k == lps]
 
 
-# Records of this table are not written out: the runtime charges the holder's traffic.
-HOLDER_TABLE = "_held_by"
-
-
 @dataclass(frozen=True)
 class StepContext:
     """What a step may know about the round besides its own state and inbox."""
@@ -157,6 +153,8 @@ class StepContext:
     sampled: tuple[int, ...]
     federation: FederationInfo
     records: list[tuple[str, dict]] = field(default_factory=list)
+    # Roles held by a client this round (a ColNet task leader): participant -> client.
+    holders: dict[str, int] = field(default_factory=dict)
 
     @property
     def index(self) -> int:
@@ -169,7 +167,7 @@ class StepContext:
     def held_by(self, client: int) -> None:
         """This round, the role running this step is held by `client`: its traffic is that
         client's in the bit accounting (a task leader is a client with an extra duty)."""
-        self.records.append((HOLDER_TABLE, {"participant": self.me, "client": int(client)}))
+        self.holders[self.me] = int(client)
 
 
 class Params(BaseModel):

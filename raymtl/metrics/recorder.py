@@ -53,7 +53,7 @@ ROUNDS_SCHEMA = pa.schema(
         # min_clients_fraction < 1: clients the run went on without, and those left
         ("clients_lost", pa.int64()),
         ("clients_answered", pa.int64()),
-        # seconds of the round by kind of phase (runtime/driver.py PHASE_KINDS), evaluation,
+        # seconds of the round by kind of phase (runtime/round_loop.py PHASE_KINDS), evaluation,
         # and the clients that ran a local-training step
         ("seconds_train", pa.float64()),
         ("seconds_aggregate", pa.float64()),

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from raymtl.algorithms.base import (
-    HOLDER_TABLE,
     FederationInfo,
     Phase,
     State,
@@ -156,11 +155,8 @@ class ParticipantHost:
             ):
                 self._checkin(participant, state, slot)
                 result.envelopes += self._envelopes(outbox, stored)
-                for table, row in ctx.records:
-                    if table == HOLDER_TABLE:  # who holds a role (a task leader) this round
-                        result.holders[row["participant"]] = row["client"]
-                    else:
-                        result.tables.append((table, row))
+                result.tables += ctx.records
+                result.holders.update(ctx.holders)
         return result
 
     def _batched(self, phase: Phase) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raymtl.algorithms.base import HOLDER_TABLE, FederationInfo, Message, State, StepContext
+from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
 from raymtl.algorithms.colnet import first_holder, flatten, next_holder, unflatten
 from raymtl.algorithms.registry import get_algorithm
 
@@ -38,7 +38,7 @@ def test_leader_computes_delta_and_sends_it_to_the_other_leaders_only():
     )
     assert [(m.dst, m.kind) for m in outbox] == [("leader/1", "delta")]
     assert torch.equal(outbox[0].tensors["backbone.w"], torch.tensor([2.0, 0.0]))  # b̄ − b⁰
-    assert (HOLDER_TABLE, {"participant": "leader/0", "client": 1}) in ctx.records
+    assert ctx.holders == {"leader/0": 1}
 
 
 def test_colnet_leader_sends_group_mean_plus_hca_update_to_every_member():

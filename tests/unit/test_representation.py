@@ -1,4 +1,4 @@
-"""Unit tests for FedModel's representation branch (FedMuscle, docs/ALGORITHMS.md §14) and resnet8."""
+"""Unit tests for FedModel's representation branch (FedMuscle, docs/ALGORITHMS.md §14), resnet8."""
 
 from __future__ import annotations
 
