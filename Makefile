@@ -22,8 +22,8 @@ test-fast: install
 	$(PY) -m pytest -q -m "not ray and not slow"
 
 lint: install
-	$(VENV)/bin/ruff check raymtl tests benchmarks
-	$(VENV)/bin/ruff format --check raymtl tests benchmarks
+	$(VENV)/bin/ruff check raymtl tests benchmarks examples
+	$(VENV)/bin/ruff format --check raymtl tests benchmarks examples
 
 bench: install
 	$(PY) benchmarks/overhead.py

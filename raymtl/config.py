@@ -266,7 +266,11 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
     entries = raw.get("plugins")
     entries = [entries] if isinstance(entries, str) else entries
     if isinstance(entries, list):
-        raw["plugins"] = [resolve_entry(entry, [path.resolve().parent]) for entry in entries]
+        folder = path.resolve().parent
+        raw["plugins"] = [resolve_entry(entry, [folder]) for entry in entries]
+        # A module name may sit next to the file (a user project run from elsewhere): load it
+        # from there now, so validation finds it and hosts are told the folder.
+        load_plugins([e for e in raw["plugins"] if isinstance(e, str)], [str(folder)])
     return raw
 
 

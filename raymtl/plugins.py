@@ -67,7 +67,8 @@ def load_plugins(entries: Iterable[str] | None, search_paths: Iterable[str] = ()
     """Import every plugin named in `entries`, each once per process.
 
     A module name that is not found on sys.path is looked for again with the folders of
-    `search_paths` added to it (those the driver found its plugins in).
+    `search_paths` (those the driver found its plugins in) and the current folder added to
+    it: the `raymtl` command, unlike `python -m`, does not put the current folder there.
     """
     for entry in entries or ():
         load_plugin(entry, tuple(search_paths))
@@ -118,7 +119,7 @@ def _import_module(name: str, search_paths: tuple[str, ...]) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as error:
-        missing = [p for p in search_paths if p not in sys.path]
+        missing = [p for p in dict.fromkeys([*search_paths, os.getcwd()]) if p not in sys.path]
         if not missing or not _names_the_entry(error, name):
             raise
     sys.path.extend(missing)
