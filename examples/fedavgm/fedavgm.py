@@ -12,9 +12,11 @@ Round t, with S_t the sampled clients and n_i client i's training samples:
                      v ← β·v + Δ                                  (v = 0 before round 1)
                      w ← w − η_s·v
 Defaults β = 0.9 (server_momentum), η_s = 1.0 (server_lr). With β = 0 and η_s = 1 the
-server takes the average itself: FedAvg. The velocity v lives in the server's
-`State.extras`, so a checkpoint saves it and `--resume` continues with it.
-Bits per round: FedAvg's (|S_t|·|w|·32 down and up); v never leaves the server.
+server takes the average itself: FedAvg. The round, the clients' step and the messages are
+FedAvg's, so FedAvgM subclasses it and changes only how the server takes the average in
+(`merge`). The velocity v lives in the server's `State.extras`, so a checkpoint saves it and
+`--resume` continues with it. Bits per round: FedAvg's (|S_t|·|w|·32 down and up); v never
+leaves the server.
 """
 
 from __future__ import annotations
@@ -23,20 +25,12 @@ import torch
 from pydantic import Field
 
 from raymtl.extend import (
-    SERVER,
-    Algorithm,
+    FedAvg,
     LocalTrainingParams,
-    Message,
-    Phase,
     State,
-    by_sender,
-    client_name,
-    load_received,
     load_tensors,
     model_tensors,
     register_algorithm,
-    train_local_model,
-    weighted_average,
 )
 
 Tensors = dict[str, torch.Tensor]
@@ -66,54 +60,20 @@ def server_momentum_step(
 
 
 @register_algorithm
-class FedAvgM(Algorithm):
+class FedAvgM(FedAvg):
     name = "fedavgm"
     summary = "FedAvgM: FedAvg with server momentum (Hsu et al. 2019)"
     Params = FedAvgMParams
-    shapes = ("star",)
-    keeps = ()  # a client's model arrives with each round: nothing of it persists
 
-    def phases(self, round_index, rounds):
-        return [
-            Phase("server", "broadcast", "all"),
-            Phase("client", "train", "sampled"),
-            Phase("server", "aggregate", "inbox"),
-        ]
-
-    def init_state(self, participant, data, federation):
-        if participant == SERVER:
-            return State(model=self.model_factory(participant, federation.num_classes[0]))
-        return super().init_state(participant, data, federation)
-
-    def broadcast(self, state, inbox, ctx):
-        global_model = model_tensors(state.model)  # one payload, stored once for all
-        return state, [
-            Message(SERVER, client_name(i), "global_model", global_model) for i in ctx.sampled
-        ]
-
-    def train(self, state, inbox, ctx):
-        load_received(state.model, inbox)  # this round's global model w
-        train_local_model(state, ctx, self.params)
-        return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
-
-    def aggregate(self, state, inbox, ctx):
-        samples = {client_name(i): n for i, n in enumerate(ctx.federation.samples)}
-        # Sorted by sender: the float sums do not depend on the order messages arrived in.
-        average = weighted_average([(m.tensors, samples[m.src]) for m in by_sender(inbox)])
-        if average is not None:  # None: every update was non-finite; keep w and v
-            weights = model_tensors(state.model)
-            velocity = state.extras.get("velocity")
-            if velocity is None:
-                velocity = {name: torch.zeros_like(w) for name, w in weights.items()}
-            p = self.params
-            weights, velocity = server_momentum_step(
-                weights, average, velocity, p.server_momentum, p.server_lr
-            )
-            load_tensors(state.model, weights)
-            state.extras["velocity"] = velocity
-        global_model = model_tensors(state.model)
-        # Every client is evaluated with the new model: evaluation_only, so not traffic.
-        return state, [
-            Message(SERVER, client_name(i), "global_model", global_model, evaluation_only=True)
-            for i in range(ctx.federation.num_clients)
-        ]
+    def merge(self, state: State, average: Tensors) -> None:
+        """w, v ← server_momentum_step(w, a, v): the server's only change from FedAvg."""
+        weights = model_tensors(state.model)
+        velocity = state.extras.get("velocity")
+        if velocity is None:  # round 1: v = 0
+            velocity = {name: torch.zeros_like(w) for name, w in weights.items()}
+        p = self.params
+        weights, velocity = server_momentum_step(
+            weights, average, velocity, p.server_momentum, p.server_lr
+        )
+        load_tensors(state.model, weights)
+        state.extras["velocity"] = velocity

@@ -113,17 +113,19 @@ class FedAvg(Algorithm):
         samples = ctx.federation.samples
         updates = [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
         average = weighted_average(updates)
-        if average is not None:
-            self.merge(state.model, average)
+        if average is not None:  # None: every update was non-finite (w stays)
+            self.merge(state, average)
         global_model = model_tensors(state.model)
         everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
         return state, [
             Message(SERVER, client_name(i), "global_model", global_model, True) for i in everyone
         ]
 
-    def merge(self, model, average) -> None:
-        """How the server's model takes the clients' average (FedAvg: replaced by it)."""
-        load_tensors(model, average)
+    def merge(self, state: State, average: dict) -> None:
+        """How the server takes the clients' sample-weighted average into its `state`
+        (FedAvg: the model is replaced by it). A server-side optimiser overrides this alone
+        (pFedMe's β-mix; a plugin's server momentum keeps its velocity in `state.extras`)."""
+        load_tensors(state.model, average)
 
 
 @register

@@ -111,7 +111,8 @@ class PFedMe(FedAvg):
         state.extras["personal"] = model_tensors(personal)
         return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
 
-    def merge(self, model, average) -> None:
+    def merge(self, state, average) -> None:
         """w ← (1−β)·w_prev + β·Σ_k (n_k/n)·w_k."""
-        beta, previous = self.params.beta, model_tensors(model)
-        load_tensors(model, {k: (1 - beta) * previous[k] + beta * v for k, v in average.items()})
+        beta, previous = self.params.beta, model_tensors(state.model)
+        mixed = {k: (1 - beta) * previous[k] + beta * v for k, v in average.items()}
+        load_tensors(state.model, mixed)
