@@ -30,6 +30,7 @@ EXPORTS = {
     "Comparison": "raymtl.comparison",
     "ExperimentConfig": "raymtl.config",
     "ConfigError": "raymtl.config",
+    "RunStopped": "raymtl.runtime.faults",
     "Callback": "raymtl.callbacks",
     "RoundEvent": "raymtl.callbacks",
     "Federation": "raymtl.runtime.federation",

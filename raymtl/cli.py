@@ -3,7 +3,8 @@
 `run` and `compare` are `raymtl.run` / `raymtl.resume` / `raymtl.compare` with a progress bar
 (a `Callback`) and printed tables: one code path for Python and the command line. Every user
 error (bad experiment file, impossible combination, missing dataset) is one line on stderr and
-exit code 2 — never a traceback.
+exit code 2, a run that cannot go on (recoveries used up, actors the cluster cannot place) one
+line and exit code 3 — never a traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from raymtl.comparison import print_comparison
 from raymtl.config import ConfigError, load_raw, parse_config
 from raymtl.metrics import report as report_run
 from raymtl.metrics.report import print_summary
+from raymtl.runtime.faults import RunStopped
 from raymtl.trackers.mlflow import MLflowCallback
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
@@ -33,10 +35,16 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 errors = Console(stderr=True)
 
 
-def fail(message: str) -> None:
-    """Print one error line and exit 2."""
+# Exit codes (the README's "Exit codes"): 0 done; 1 an unexpected error (a bug), and
+BAD_INPUT = 2  # the experiment, an override, the data or a run directory: fix it, run again
+RUN_STOPPED = 3  # recoveries used up, or actors the cluster cannot place: fix it, --resume
+INTERRUPTED = 130  # Ctrl-C: --resume goes on from the last complete checkpoint
+
+
+def fail(message: str, code: int = BAD_INPUT) -> None:
+    """Print one error line and exit with `code` (2: bad input)."""
     errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 class RoundProgress(Callback):
@@ -164,7 +172,8 @@ def list_components(
 
 
 class user_errors:
-    """Turn configuration and data errors into one line + exit 2."""
+    """Turn configuration and data errors into one line + exit 2, a run that cannot go on
+    into one line + exit 3."""
 
     def __enter__(self):
         return self
@@ -174,6 +183,8 @@ class user_errors:
 
         if isinstance(error, ConfigError | DatasetMissing):
             fail(str(error).splitlines()[0])
+        if isinstance(error, RunStopped):
+            fail(str(error).splitlines()[0], RUN_STOPPED)
         return False
 
 
@@ -183,7 +194,7 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         errors.print("interrupted: resume with `raymtl run --resume RUN_DIR`")
-        sys.exit(130)
+        sys.exit(INTERRUPTED)
 
 
 __all__ = ["app", "main", "load_raw", "parse_config"]

@@ -22,7 +22,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from raymtl.algorithms.base import Params
 from raymtl.algorithms.registry import get_algorithm
-from raymtl.config_base import ConfigError, Section, first_error, one_line
+from raymtl.config_base import ConfigError, Section, first_error, one_line, size_in_bytes
 from raymtl.config_checks import (
     check_algorithm,
     check_models,
@@ -135,7 +135,30 @@ class RuntimeConfig(Section):
     )
     max_restarts: int = Field(0, ge=0)
     min_clients_fraction: float = Field(1.0, gt=0, le=1)
+    placement_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="seconds to wait for Ray to place the actors (or to declare a lost node "
+        "dead) before the run stops with one line",
+    )
     dashboard: bool = True
+
+    @field_validator("clients_per_actor")
+    @classmethod
+    def _at_least_one_client(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"{value} clients an actor; give 'auto' or a whole number, at least 1")
+        return value
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _a_positive_size(cls, value: int | str | None) -> int | str | None:
+        size = None if value is None else size_in_bytes(value)
+        if value is not None and size is None:
+            raise ValueError(f"{value!r} is not a size like 16GB or 512MiB")
+        if size is not None and size <= 0:
+            raise ValueError(f"{value!r} is not a positive size; give one like 16GB or 512MiB")
+        return value
 
 
 class OutputConfig(Section):
@@ -256,9 +279,13 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
     if not path.is_file():
         raise ConfigError(f"experiment file: '{path}' does not exist")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_bytes().decode())
+    except UnicodeDecodeError:
+        raise ConfigError(f"experiment file: '{path}' is not a text file (UTF-8 YAML)") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"experiment file: '{path}' is not valid YAML ({error})") from None
+    if raw is None or raw == {}:  # every setting a default is never what was meant
+        raise ConfigError(f"experiment file: '{path}' is empty (it holds no settings)")
     if not isinstance(raw, dict):
         raise ConfigError(f"experiment file: '{path}' must hold a mapping")
     for assignment in overrides:

@@ -1,5 +1,6 @@
 """What every part of the experiment's configuration shares: the one-line `ConfigError`, the
-`Section` base of every pydantic section, and the one line taken from a pydantic error.
+`Section` base of every pydantic section, the one line taken from a pydantic error, and
+sizes in bytes ('16GB', '512MiB').
 
 It imports nothing of raymtl, so the configuration modules form a chain without circles:
 config_base <- plugins, config_data <- config_checks <- config.
@@ -22,6 +23,20 @@ class ConfigError(ValueError):
 class Section(BaseModel):
     # inf and NaN are never a setting (lr=.inf once became `lr: null` in config.yaml)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def size_in_bytes(value: int | str) -> int | None:
+    """12, '12GB', '1.5 GiB' -> bytes (None: not a size)."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([0-9]+\.?[0-9]*)\s*([a-zA-Z]*)\s*", value)
+    if not match or match.group(2).lower() not in UNITS:
+        return None
+    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
 
 
 def first_error(error: ValidationError, prefix: str = "") -> str:

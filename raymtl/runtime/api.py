@@ -10,6 +10,7 @@ from raymtl.runtime.driver import Driver
 from raymtl.runtime.launch import executor_factory, start_ray
 from raymtl.runtime.run_dirs import (
     check_resumable,
+    checkpoints_config,
     finish_run,
     load_run_config,
     run_location,
@@ -50,6 +51,7 @@ def resume_experiment(
     """Continue an interrupted run from its last complete checkpoint."""
     saved = load_run_config(run_dir)
     cfg = load_run_config(run_dir, list(overrides))
+    checkpoints_config(saved, Location.of(run_dir))  # config.yaml as the checkpoints hold it
     check_resumable(saved, cfg)
     local, store = run_location(run_dir)
     if is_uri(store.uri):  # the outputs so far, from the URI into the staging folder

@@ -1,16 +1,24 @@
 """Checkpoints: where they live, how a host writes and reads its participants' files, and
-the checks that make them safe on a cluster.
+the checks that make them safe on a cluster and worth trusting.
 
-Every host writes its own participants' files into `<seed dir>/round<k>/`; the driver writes
-`COMPLETE` only once it sees every participant's file there, and a (re)started host loads the
-round the driver names, failing loudly when a file is not visible on its node. Before the
-first round, `check_shared` proves the driver and every host see each other's files.
+Every host writes its own participants' files into `<seed dir>/round<k>/` and returns the
+sha256 of each; the driver writes the manifest `COMPLETE` only once it sees every
+participant's file there: the round, the participants the run goes on without, every file's
+checksum, and the part of the config a resume may not change (with its hash). A (re)started
+host loads the round the driver names and checks each file against the manifest before
+torch reads it: a damaged, truncated or foreign file is a `DamagedCheckpoint` naming it (the
+driver marks that checkpoint DAMAGED and falls back to the one before), and a file that is
+not visible on its node fails loudly. Before the first round, `check_shared` proves the
+driver and every host see each other's files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import pickle
+import zipfile
 
 import torch
 
@@ -18,19 +26,85 @@ from raymtl.config import ConfigError
 from raymtl.runtime.storage import Location
 
 
-def latest_checkpoint(seed_dir: Location) -> int:
-    """The last round under `seed_dir` with a complete checkpoint (0 = none)."""
-    rounds = [name for name in seed_dir.entries() if name.startswith("round")]
-    complete = [name for name in rounds if seed_dir.child(name, "COMPLETE").is_file()]
-    return max((int(name.removeprefix("round")) for name in complete), default=0)
+class DamagedCheckpoint(ValueError):
+    """A checkpoint file whose bytes are not what its manifest recorded, or not a checkpoint
+    at all: the checkpoint is unusable, its host is not lost."""
+
+    def __init__(self, file: str, problem: str):
+        self.file, self.problem = file, problem
+        super().__init__(f"checkpoint file {file} {problem}")
+
+    def __reduce__(self):  # rebuilt from its two parts when Ray sends it to the driver
+        return (type(self), (self.file, self.problem))
 
 
-def lost_at(seed_dir: Location, round_index: int) -> list[str]:
-    """The participants a checkpoint's federation goes on without (min_clients_fraction)."""
-    if not round_index:
-        return []
-    complete = json.loads(checkpoint_dir(seed_dir, round_index).child("COMPLETE").read_text())
-    return list(complete.get("lost", []))
+def damaged_cause(error: BaseException | None) -> DamagedCheckpoint | None:
+    """The DamagedCheckpoint behind an error a host's build raised (the executors wrap it in
+    a ConfigError; Ray in a RayTaskError that keeps it as `cause`), or None."""
+    for _ in range(8):
+        wrapped = getattr(error, "cause", None)
+        if isinstance(wrapped, BaseException):  # Ray's wrapper (whose text is a traceback)
+            error = wrapped
+        elif error is None or isinstance(error, DamagedCheckpoint):
+            return error
+        else:
+            error = error.__cause__
+    return None
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def latest_checkpoint(seed_dir: Location, before: int | None = None) -> int:
+    """The last round under `seed_dir` (before round `before`, if given) with a complete
+    checkpoint not found damaged (0 = none)."""
+    complete = [
+        int(name.removeprefix("round"))
+        for name in seed_dir.entries()
+        if name.startswith("round")
+        and seed_dir.child(name, "COMPLETE").is_file()
+        and not seed_dir.child(name, "DAMAGED").is_file()
+    ]
+    return max((k for k in complete if before is None or k < before), default=0)
+
+
+def read_manifest(directory: Location) -> dict:
+    """A checkpoint's COMPLETE manifest (an unreadable one is a DamagedCheckpoint). Older
+    manifests hold only the round and the lost participants: no `files`, no `config`."""
+    marker = directory.child("COMPLETE")
+    try:
+        manifest = json.loads(marker.read_bytes().decode())
+    except ValueError:  # not UTF-8, not JSON
+        raise DamagedCheckpoint(marker.uri, "is not the manifest raymtl wrote") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        raise DamagedCheckpoint(marker.uri, "is not the manifest raymtl wrote")
+    return manifest
+
+
+def write_manifest(
+    directory: Location, round_index: int, lost, files: dict[str, str], config: dict
+) -> None:
+    """COMPLETE: written last, by the driver, once every file is there (the checkpoint
+    counts from then on). `config`: the settings a resume may not change."""
+    manifest = {
+        "round": round_index,
+        "lost": sorted(lost),
+        "files": dict(sorted(files.items())),
+        "config_sha256": config_hash(config),
+        "config": config,
+    }
+    directory.child("COMPLETE").write_text(json.dumps(manifest))
+
+
+def config_hash(config: dict) -> str:
+    return digest(json.dumps(config, sort_keys=True).encode())
+
+
+def mark_damaged(directory: Location, reason: str) -> None:
+    """The checkpoint is skipped from now on (its files and manifest stay, to look at); a
+    later checkpoint of the same round removes the mark."""
+    directory.child("DAMAGED").write_text(reason + "\n")
 
 
 def checkpoint_dir(seed_dir: Location, round_index: int) -> Location:
@@ -49,13 +123,42 @@ def index_file(directory: Location, first_participant: str) -> Location:
     return directory.child(f"index-{first_participant.replace('/', '_')}.json")
 
 
-def saved_clients(directory: Location) -> set[str] | None:
+def saved_clients(directory: Location, checksums: dict[str, str] | None = None) -> set[str] | None:
     """Every client saved in a checkpoint folder (None: a folder written before indexes,
-    where every client has its file)."""
+    where every client has its file). With the manifest's `checksums`, the indexes it lists
+    (an index it does not list, e.g. of a host lost while saving, is no part of it), each
+    checked against its checksum."""
     indexes = [name for name in directory.entries() if name.startswith("index-")]
+    if checksums is not None:
+        indexes = [name for name in checksums if name.startswith("index-")]
     if not indexes:
         return None
-    return {p for name in indexes for p in json.loads(directory.child(name).read_text())}
+    saved = set()
+    for name in indexes:
+        location = directory.child(name)
+        data = checked_bytes(location, checksums)
+        try:
+            clients = json.loads(data.decode())
+        except ValueError:  # not UTF-8, not JSON
+            clients = None
+        if not isinstance(clients, list) or not all(isinstance(p, str) for p in clients):
+            raise DamagedCheckpoint(location.uri, "is not a client index raymtl wrote")
+        saved.update(clients)
+    return saved
+
+
+def checked_bytes(location: Location, checksums: dict[str, str] | None) -> bytes:
+    """A checkpoint file's bytes, checked against the manifest's checksum (`checksums`: None
+    for a manifest written before checksums: nothing to check against)."""
+    data = location.read_bytes()
+    if checksums is None:
+        return data
+    if location.name not in checksums:
+        raise DamagedCheckpoint(location.uri, "is not listed in its checkpoint's COMPLETE")
+    if digest(data) != checksums[location.name]:
+        problem = "its sha256 differs from the one COMPLETE recorded"
+        raise DamagedCheckpoint(location.uri, f"is damaged ({len(data)} bytes; {problem})")
+    return data
 
 
 def check_shared(directory: Location, executor) -> None:
@@ -77,15 +180,18 @@ def check_shared(directory: Location, executor) -> None:
         )
 
 
-def verify_checkpoint(directory: Location, hosts: dict[str, tuple[str, ...]]) -> None:
+def verify_checkpoint(directory: Location, hosts: dict[str, tuple[str, ...]]) -> list[str]:
     """COMPLETE only when every participant's state is there (as the driver sees it): each
-    coordinator's file, each client host's index and the files of the clients it lists."""
-    expected, missing = [], []
+    coordinator's file, each client host's index and the files of the clients it lists.
+    Returns the names of the checkpoint's files."""
+    expected, missing, indexes = [], [], []
     for members in hosts.values():
         if not members[0].startswith("client/"):
             expected += list(members)
         elif not index_file(directory, members[0]).is_file():
             missing.append(f"index of {members[0]}")
+        else:
+            indexes.append(index_file(directory, members[0]).name)
     saved = saved_clients(directory) or set()
     expected += sorted(saved & {p for members in hosts.values() for p in members})
     missing += [p for p in expected if not checkpoint_file(directory, p).is_file()]
@@ -94,58 +200,97 @@ def verify_checkpoint(directory: Location, hosts: dict[str, tuple[str, ...]]) ->
             f"output.dir: {len(missing)} checkpoint files (e.g. {missing[0]}'s) were written by "
             "their hosts but are not visible to the driver: use storage every node shares"
         )
+    return [checkpoint_file(directory, p).name for p in expected] + indexes
 
 
-def write_blob(location: Location, blob: dict) -> None:
-    """torch.save a participant's state to a file or a URI."""
+def checkpoint_checksums(directory: Location, files: list[str], reported: dict) -> dict:
+    """sha256 of every file of a checkpoint: as the hosts reported them from what they
+    wrote (`reported`), or, for a file none reported, read back through `directory`."""
+    return {
+        name: reported.get(name) or digest(directory.child(name).read_bytes()) for name in files
+    }
+
+
+def write_blob(location: Location, blob: dict) -> str:
+    """torch.save a participant's state to a file or a URI; the sha256 of what it wrote."""
     buffer = io.BytesIO()
     torch.save(blob, buffer)
     location.write_bytes(buffer.getvalue())
+    return digest(buffer.getvalue())
 
 
-def read_blob(location: Location, device: str, node: str) -> dict:
-    """A participant's saved state; a missing file is an error, never a fresh start."""
+def read_blob(
+    location: Location, device: str, node: str, checksums: dict[str, str] | None = None
+) -> dict:
+    """A participant's saved state, checked against the manifest's `checksums` first; a
+    missing file is an error, never a fresh start."""
     if not location.is_file():
         raise FileNotFoundError(
             f"output.dir: checkpoint file {location} is not visible on node {node} "
             "(output.dir must be storage every node shares)"
         )
-    return torch.load(
-        io.BytesIO(location.read_bytes()),
-        map_location=device,
-        weights_only=True,  # tensors and plain data only: a file cannot run code
-    )
+    data = checked_bytes(location, checksums)
+    if not zipfile.is_zipfile(io.BytesIO(data)):  # torch.save writes a zip archive
+        raise DamagedCheckpoint(location.uri, "is not a checkpoint raymtl wrote")
+    try:
+        blob = torch.load(
+            io.BytesIO(data),
+            map_location=device,
+            weights_only=True,  # tensors and plain data only: a file cannot run code
+        )
+    except pickle.UnpicklingError:  # torch's text would advise weights_only=False: never
+        raise DamagedCheckpoint(
+            location.uri, "holds objects other than tensors and plain data (refused unread)"
+        ) from None
+    except Exception:  # a damaged archive, or one of something else
+        raise DamagedCheckpoint(location.uri, "is not a checkpoint raymtl wrote") from None
+    if not isinstance(blob, dict):
+        raise DamagedCheckpoint(location.uri, "is not a checkpoint raymtl wrote")
+    return blob
 
 
 def write_host_checkpoint(
     directory: str, coordinators: dict[str, dict], clients=(), first_client: str | None = None
-) -> None:
+) -> dict[str, str]:
     """A host's files in checkpoint folder `directory` (a path or a URI: each host writes its
     own, on whatever node it runs): one blob `{"model", "extras"}` per coordinator and per
     client of `clients` ((participant, blob) pairs: clients that never took part have none),
-    and, on a host with clients (`first_client` names it), the index of the clients saved."""
+    and, on a host with clients (`first_client` names it), the index of the clients saved.
+    Returns the sha256 of every file written, by file name (for the manifest)."""
     folder = Location.of(directory)
+    checksums = {}
     for participant, blob in coordinators.items():
-        write_blob(checkpoint_file(folder, participant), blob)
+        location = checkpoint_file(folder, participant)
+        checksums[location.name] = write_blob(location, blob)
     if first_client is None:
-        return
+        return checksums
     saved = []
     for participant, blob in clients:
-        write_blob(checkpoint_file(folder, participant), blob)
+        location = checkpoint_file(folder, participant)
+        checksums[location.name] = write_blob(location, blob)
         saved.append(participant)
-    index_file(folder, first_client).write_text(json.dumps(sorted(saved)))
+    index = json.dumps(sorted(saved)).encode()
+    index_file(folder, first_client).write_bytes(index)
+    checksums[index_file(folder, first_client).name] = digest(index)
+    return checksums
 
 
 def read_host_checkpoint(directory: str, coordinators, clients, device: str, node: str):
-    """The blobs of a host's participants in checkpoint folder `directory`: every
-    coordinator's, and those of its `clients` that were saved (a folder written before
-    indexes holds every client's). Returns (coordinator blobs, client blobs) by participant."""
+    """The blobs of a host's participants in checkpoint folder `directory`, each file checked
+    against the manifest (COMPLETE) first: every coordinator's, and those of its `clients`
+    that were saved (a folder written before indexes holds every client's). Returns
+    (coordinator blobs, client blobs) by participant."""
     folder = Location.of(directory)
+    # The driver named this round from its manifest; one written before checksums (or not
+    # visible here: the files then say so) has nothing to check against.
+    checksums = None
+    if folder.child("COMPLETE").is_file():
+        checksums = read_manifest(folder).get("files")
 
     def read(participant):
-        return read_blob(checkpoint_file(folder, participant), device, node)
+        return read_blob(checkpoint_file(folder, participant), device, node, checksums)
 
-    saved = saved_clients(folder)
+    saved = saved_clients(folder, checksums)
     return (
         {participant: read(participant) for participant in coordinators},
         {p: read(p) for p in clients if saved is None or p in saved},

@@ -52,6 +52,10 @@ class Executor(ABC):
         self.nodes: dict[str, str] = {}  # host name -> the node it runs on
         # min_clients_fraction < 1: the participants of client hosts lost for good.
         self.lost: set[str] = set()
+        # Why the client actors hold more clients than runtime.clients_per_actor says (a
+        # node was lost and they no longer fit), in one line, and the nodes lost.
+        self.replanned: str | None = None
+        self.replanned_nodes: list[str] = []
 
     @abstractmethod
     def clients_per_actor(self, num_clients: int) -> int: ...
@@ -145,6 +149,11 @@ class Executor(ABC):
         answer = self._call("state", {name: (participant,) for name in hosts})
         return Answer(next(iter(answer.value.values()), None), answer.lost)
 
+    def settle_nodes(self, nodes, timeout: float) -> list[str]:
+        """Wait until each node of `nodes` (where lost hosts ran) is declared dead or is seen
+        alive, at most `timeout` seconds; the dead ones (inline: no nodes)."""
+        return []
+
     def memory_available(self) -> int:
         """Memory the hosts may use: this machine's (inline), the cluster's (Ray)."""
         from raymtl.runtime.memory import available_memory
@@ -180,8 +189,9 @@ class Executor(ABC):
         return self._call("probe", {name: (directory, name) for name in self.hosts}).value
 
     def save(self, directory: str) -> Answer:
-        """Every host writes its own participants' state (nothing goes through the driver)."""
-        return Answer(None, self._call("save", {name: (directory,) for name in self.hosts}).lost)
+        """Every host writes its own participants' state (nothing goes through the driver);
+        the value: each host's {file name: sha256} of what it wrote (for the manifest)."""
+        return self._call("save", {name: (directory,) for name in self.hosts})
 
     def shutdown(self) -> None:
         self._close_hosts()
@@ -192,11 +202,13 @@ class Executor(ABC):
         self.members.clear()
         self.specs.clear()
 
-    def _close_hosts(self) -> None:
+    def _close_hosts(self, names: list[str] | None = None) -> None:
+        """Client hosts (`names`, or all) remove their spilled state."""
+        names = self.client_hosts() if names is None else names
         try:  # spilled client state is local scratch: remove it
-            self._call("close", {name: () for name in self.client_hosts()})
+            self._call("close", {name: () for name in names})
         except Exception as error:  # a lost host's scratch is gone with its node or process
-            log.warning("closing hosts: %s", error)
+            log.info("closing hosts: %s", error)
 
 
 class InlineExecutor(Executor):

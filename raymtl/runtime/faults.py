@@ -5,6 +5,9 @@ rolled back to round k, replaying   the whole federation reloads its last comple
 run stopped                         no recovery left
 continued without client/...        min_clients_fraction < 1: the lost clients are left
                                     out for good (rolled_back_to = -1)
+re-planned: runtime.clients_...     a node was lost and the client actors no longer fit the
+                                    nodes left: more clients an actor (host "client actors",
+                                    rolled_back_to = -1); the results are the same
 """
 
 from __future__ import annotations
@@ -12,6 +15,12 @@ from __future__ import annotations
 import logging
 
 log = logging.getLogger(__name__)
+
+
+class RunStopped(RuntimeError):
+    """The run cannot go on (recoveries used up, actors Ray cannot place): one line, exit
+    code 3 on the command line. The run directory keeps its last complete checkpoint, so
+    `raymtl run --resume RUN_DIR` goes on once the cause is fixed."""
 
 
 def fault_rows(seed, round_index, fault, start, count, recover, seconds_lost) -> list[dict]:
@@ -56,3 +65,19 @@ def dropped_rows(seed: int, round_index: int, lost: list[dict]) -> list[dict]:
         )
         log.warning("seed %d round %d: host %s lost; %s", seed, round_index, drop["host"], action)
     return rows
+
+
+def replan_row(seed: int, round_index: int, line: str, nodes: list[str], recovery: int) -> dict:
+    """The client actors laid out anew on the nodes left (RayExecutor.replanned's line)."""
+    return {
+        "seed": seed,
+        "round": round_index,
+        "host": "client actors",
+        "node": ", ".join(nodes),
+        "during": "start",
+        "recovery": recovery,
+        "action": f"re-planned: {line}",
+        "rolled_back_to": -1,
+        "seconds_lost": 0.0,
+        "error": "",
+    }

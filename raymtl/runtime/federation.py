@@ -11,12 +11,14 @@ starts from the seed's last complete checkpoint when there is one, checkpoints e
 checkpoint_every rounds, and recovers from lost hosts: the whole federation is rolled back
 to its last complete checkpoint and the lost rounds are replayed (at most
 runtime.max_restarts times a seed), so the results equal the fault-free run's. Every fault
-is a row of faults.parquet.
+is a row of faults.parquet. A lost node is waited for until Ray declares it dead (at most
+runtime.placement_timeout_s), and client actors that no longer fit the nodes left are laid
+out anew (more clients an actor: the same results). A damaged checkpoint is skipped for the
+one before it. A run that cannot go on raises `RunStopped` (exit 3 on the command line).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -29,18 +31,23 @@ from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.metrics import Recorder
 from raymtl.runtime.accounting import resumed_totals
 from raymtl.runtime.checkpoints import (
+    DamagedCheckpoint,
     check_shared,
+    checkpoint_checksums,
     checkpoint_dir,
+    damaged_cause,
     latest_checkpoint,
-    lost_at,
+    mark_damaged,
+    read_manifest,
     verify_checkpoint,
+    write_manifest,
 )
 from raymtl.runtime.executor import Executor, HostsLost
-from raymtl.runtime.faults import fault_rows
+from raymtl.runtime.faults import RunStopped, fault_rows, replan_row
 from raymtl.runtime.launch import executor_factory
 from raymtl.runtime.planning import build_setup
 from raymtl.runtime.round_loop import RoundLoop
-from raymtl.runtime.run_dirs import finish_run, reopen_run, start_run
+from raymtl.runtime.run_dirs import bound_config, check_bound, finish_run, reopen_run, start_run
 from raymtl.runtime.storage import Location, publish
 
 log = logging.getLogger(__name__)
@@ -145,6 +152,8 @@ class Federation:
             return
         try:
             if finish and self.done and self._executor is not None:
+                if latest_checkpoint(self.seed_dir) != self.round:  # a callback stopped it
+                    self._until(self.round, lambda: self._checkpoint(self.round))
                 self._until(self.round, self._record_host_memory)
                 self.recorder.flush()
                 publish(self.run_dir, self.store)
@@ -172,6 +181,7 @@ class Federation:
             try:
                 if self._executor is None:
                     self._open()
+                    self._record_replan()
                 event = None
                 while self.round < target:
                     event = self._advance()
@@ -180,13 +190,29 @@ class Federation:
                 self._recover(fault)
 
     def _open(self) -> None:
-        """Start the hosts from the seed's last complete checkpoint (round 0: the start)."""
-        start = latest_checkpoint(self.seed_dir)
+        """Start the hosts from the seed's last complete checkpoint (round 0: the start). A
+        checkpoint found damaged (a host checks every file against the manifest) is marked
+        DAMAGED and the one before it is started from: a damaged file is no lost host."""
+        while True:
+            start = latest_checkpoint(self.seed_dir)
+            try:
+                return self._start_from(start)
+            except (ConfigError, DamagedCheckpoint) as error:
+                damaged = damaged_cause(error)
+                if damaged is None:
+                    raise
+                self._shutdown()
+                self._fall_back(start, damaged)
+
+    def _start_from(self, start: int) -> None:
+        """Start the hosts from the checkpoint of round `start`."""
+        manifest = read_manifest(checkpoint_dir(self.seed_dir, start)) if start else {}
+        check_bound(self.cfg, manifest, f"checkpoints/seed{self.seed}/round{start:05d}")
         self.recorder.truncate_after(self.seed, start)
         self.round = self._current = start
         self._attempt = time.perf_counter()
         self._executor = executor = self.make_executor()
-        lost = lost_at(self.seed_dir, start)  # the federation as that checkpoint holds it
+        lost = list(manifest.get("lost", []))  # the federation as that checkpoint holds it
         setup = build_setup(self.cfg, self.seed, executor, self.seed_dir, start, lost)
         executor.lost = set(lost)
         executor.start(setup.specs)
@@ -196,8 +222,21 @@ class Federation:
             self.cfg, self.algorithm, self.recorder, executor, setup.federation, self.seed
         )
 
+    def _fall_back(self, start: int, damaged: DamagedCheckpoint) -> None:
+        """Mark checkpoint `start` damaged, so the next `_open` starts from the one before;
+        with none before it, refuse in one line (starting over is the user's decision)."""
+        earlier = latest_checkpoint(self.seed_dir, before=start)
+        if not earlier:
+            raise ConfigError(
+                f"{damaged}; seed {self.seed} has no earlier complete checkpoint to fall back "
+                f"to (move checkpoints/seed{self.seed} aside to run the seed from its start)"
+            ) from None
+        mark_damaged(checkpoint_dir(self.seed_dir, start), str(damaged))
+        log.warning("seed %d: %s; falling back to round %d", self.seed, damaged, earlier)
+
     def _advance(self) -> RoundEvent:
-        """Run round `self.round + 1`, record it, checkpoint when due."""
+        """Run round `self.round + 1`, record it, checkpoint when due (and after the last
+        round, so a longer run goes on from where this one ended)."""
         round_index = self._current = self.round + 1
         began = time.perf_counter()
         row, clients = self._loop.run(round_index, self._cumulative)
@@ -206,27 +245,38 @@ class Federation:
         # time spent outside run_round (callbacks, a notebook's pauses) towards none.
         row["wall_time"] = self._wall + time.perf_counter() - began
         self.recorder.add_round(row)
-        if round_index % self.cfg.checkpoint_every == 0 and round_index < self.cfg.rounds:
+        if round_index % self.cfg.checkpoint_every == 0 or round_index == self.cfg.rounds:
             self._checkpoint(round_index)
         self._wall += time.perf_counter() - began
         self.round = round_index
         return RoundEvent(self.seed, round_index, self.cfg.rounds, row, clients)
 
     def _checkpoint(self, round_index: int) -> None:
-        """Hosts save their own states; then metrics; then the COMPLETE marker."""
+        """Hosts save their own states (each reports its files' sha256); then metrics; then
+        the manifest COMPLETE: the federation it holds (without the clients the run went on
+        without), every file's checksum, and the settings it was written with."""
         directory = checkpoint_dir(self.seed_dir, round_index)
         saved = self._executor.save(directory.uri)
         self._loop.record_lost(round_index, saved.lost)
-        verify_checkpoint(directory, self._executor.members)
+        files = verify_checkpoint(directory, self._executor.members)
+        reported = {}  # file -> sha256 as its host wrote it: only the others are read back
+        if isinstance(saved.value, dict):
+            for host_checksums in saved.value.values():
+                reported.update(host_checksums or {})
+        checksums = checkpoint_checksums(directory, files, reported)
         self.recorder.flush()
         publish(self.run_dir, self.store)
-        # The federation it holds: without the clients the run went on without.
-        complete = {"round": round_index, "lost": sorted(self._executor.lost)}
-        directory.child("COMPLETE").write_text(json.dumps(complete))
+        write_manifest(
+            directory, round_index, self._executor.lost, checksums, bound_config(self.cfg)
+        )
+        directory.child("DAMAGED").delete()  # this round, written again after a fall-back
 
     def _recover(self, fault: HostsLost) -> None:
-        """Record a lost host; roll back (the next `_until` restarts from the checkpoint) or,
-        with no recovery left, end the seed with one line."""
+        """Record a lost host and roll back: the next `_until` restarts from the last complete
+        checkpoint, once Ray has declared the lost hosts' nodes dead (actors placed on a node
+        Ray still counts as alive would be lost with it: two recoveries for one lost node).
+        With no recovery left, stop the run in one line (RunStopped)."""
+        executor = self._executor
         self._shutdown()
         start, self.recoveries = latest_checkpoint(self.seed_dir), self.recoveries + 1
         recover = self.recoveries <= self.cfg.runtime.max_restarts
@@ -234,12 +284,32 @@ class Federation:
         rows = fault_rows(self.seed, self._current, fault, start, self.recoveries, recover, seconds)
         self.recorder.add_rows("faults", rows)
         self.recorder.flush()
-        log.warning("seed %d round %d: %s; %s", self.seed, self._current, fault, rows[0]["action"])
         if not recover:
-            raise RuntimeError(
+            nodes = ", ".join(sorted(set(fault.nodes.values())))
+            raise RunStopped(
                 f"runtime.max_restarts: {self.cfg.runtime.max_restarts} recoveries used up; "
-                f"{fault} (faults.parquet has every fault)"
+                f"seed {self.seed} round {self._current}: hosts lost during {fault.method}: "
+                f"{', '.join(fault.hosts)} (node {nodes}; faults.parquet has every fault)"
             ) from None
+        log.warning("seed %d round %d: %s; %s", self.seed, self._current, fault, rows[0]["action"])
+        if executor is not None:
+            executor.settle_nodes(fault.nodes.values(), self.cfg.runtime.placement_timeout_s)
+
+    def _record_replan(self) -> None:
+        """faults.parquet and the log, in one line: the client actors were laid out anew
+        because a node was lost and they no longer fit the nodes left."""
+        executor = self._executor
+        if executor is None or not executor.replanned:
+            return
+        row = replan_row(
+            self.seed,
+            self.round + 1,
+            executor.replanned,
+            executor.replanned_nodes,
+            self.recoveries,
+        )
+        self.recorder.add_rows("faults", [row])
+        log.warning("seed %d from round %d: %s", self.seed, self.round + 1, executor.replanned)
 
     def _record_host_memory(self) -> None:
         """hosts.parquet: each host's peak resident memory over the seed (bytes)."""

@@ -269,9 +269,11 @@ class ParticipantHost:
             self.states[participant] = self.algorithm.rehost(participant, state)
         return True
 
-    def save(self, directory: str) -> bool:
+    def save(self, directory: str) -> dict[str, str]:
         """Write each hosted participant's state (model + extras) under `directory`: every
-        coordinator's, and each client's that took part (checkpoints.write_host_checkpoint)."""
+        coordinator's, and each client's that took part (checkpoints.write_host_checkpoint).
+        Returns the sha256 of every file written, by name: the driver's manifest records
+        them without reading the files back."""
         coordinators = {
             participant: {
                 "model": state.model.state_dict() if state.model is not None else None,
@@ -280,16 +282,16 @@ class ParticipantHost:
             for participant, state in self.states.items()
         }
         clients = self.client_participants()
-        write_host_checkpoint(
+        return write_host_checkpoint(
             directory,
             coordinators,
             self.clients.saved_blobs() if clients else (),
             clients[0] if clients else None,
         )
-        return True
 
     def load(self, directory: str) -> None:
-        """Restore hosted participants from a checkpoint folder (data is rebuilt)."""
+        """Restore hosted participants from a checkpoint folder (data is rebuilt), every file
+        checked against the manifest first (a damaged one: checkpoints.DamagedCheckpoint)."""
         coordinators, clients = read_host_checkpoint(
             directory, list(self.states), self.client_participants(), self.spec.device, self.node()
         )

@@ -39,10 +39,15 @@ def inline_executors(cfg: ExperimentConfig) -> Callable[[], Executor]:
 
 
 def ray_executors(cfg: ExperimentConfig) -> Callable[[], Executor]:
-    from raymtl.runtime.ray_executor import RayExecutor
+    import ray
+
+    from raymtl.runtime.ray_executor import RayExecutor, alive_nodes
 
     start_ray(cfg)
-    return lambda: RayExecutor(cfg.runtime)
+    # The nodes the run starts on: one of them dead later (a recovery, the next seed) makes
+    # the executors lay the client actors out on the nodes left.
+    nodes = alive_nodes(ray)
+    return lambda: RayExecutor(cfg.runtime, nodes)
 
 
 # runtime.executor -> (cfg -> a maker of fresh executors, ready to use)

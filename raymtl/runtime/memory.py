@@ -3,31 +3,27 @@
 An algorithm that keeps large state per client (Sheaf-FMTL: Σ_j d_ij·d_i floats of maps)
 says how much from each client's d_i (`state_size(model)`) and the federation
 (`persistent_bytes`; None, the default, for an algorithm that keeps nothing beyond its
-models: the check is skipped). The runtime builds each architecture once to measure d_i, prints the
-need per host and in all, and refuses a run above runtime.memory_budget (default: the memory
-Ray reports for the cluster, or this machine's available memory without Ray).
+models: the check is skipped). The runtime builds each architecture once to measure d_i, and
+refuses a run above runtime.memory_budget in one line with the figures (default budget: the
+memory Ray reports for the cluster, or this machine's available memory without Ray); a run
+that fits prints the need per host and in all.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from raymtl.config import ConfigError
-
-UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
-UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+from raymtl.config_base import size_in_bytes
 
 
 def parse_bytes(value: int | str) -> int:
     """12, '12GB', '1.5 GiB' -> bytes (one-line error naming the field otherwise)."""
-    if isinstance(value, int):
-        return value
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", value)
-    if not match or match.group(2).lower() not in UNITS:
+    size = size_in_bytes(value)
+    if size is None:
         raise ConfigError(f"runtime.memory_budget: {value!r} is not a size like 16GB or 512MiB")
-    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+    return size
 
 
 def available_memory() -> int:
@@ -68,14 +64,14 @@ def check_state_memory(algorithm, federation, hosts: dict, budget: int, build) -
         for host, members in hosts.items()
     }
     total, largest = sum(per_client), max(per_host.values(), default=0)
-    print(
-        f"{algorithm.name}: per-client state needs {gigabytes(total)} in all, at most "
-        f"{gigabytes(largest)} per actor (budget {gigabytes(budget)})"
-    )
-    if total > budget:
+    if total > budget:  # the figures are the error's: no line of them before it
         raise ConfigError(
             f"runtime.memory_budget: {algorithm.name} needs {gigabytes(total)} "
             f"({gigabytes(largest)} in the largest actor), over {gigabytes(budget)}; "
             f"{algorithm.memory_knobs}"
         )
+    print(
+        f"{algorithm.name}: per-client state needs {gigabytes(total)} in all, at most "
+        f"{gigabytes(largest)} per actor (budget {gigabytes(budget)})"
+    )
     return {"total": total, "per_host": per_host, "per_client": per_client}

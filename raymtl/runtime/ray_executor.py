@@ -1,17 +1,26 @@
 """The RayExecutor: hosts as Ray actors with fractional resources; payloads stay in the
 object store. A lost host raises `HostsLost` (the federation rolls back), or is dropped for
 good while enough clients answer (runtime.min_clients_fraction). An error raised while an
-actor is built is a `ConfigError` naming the host: replaying would only raise it again."""
+actor is built is a `ConfigError` naming the host: replaying would only raise it again.
+
+Nodes: an executor knows the nodes that were alive when the run started. Once one of them
+is dead, the client actors are laid out on the nodes alive now: an explicit
+clients_per_actor whose actors no longer fit is raised (`replanned` says so in one line);
+results do not depend on the layout. Actors Ray cannot place within
+runtime.placement_timeout_s stop the run in one line (`RunStopped`), never a silent hang.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 
 from raymtl.algorithms.base import role_of
 from raymtl.config import RuntimeConfig
 from raymtl.runtime.executor import REHOSTABLE_ROLES, Executor, HostsLost, build_error
+from raymtl.runtime.faults import RunStopped
 from raymtl.runtime.results import Answer
 
 log = logging.getLogger(__name__)
@@ -23,28 +32,159 @@ def auto_clients_per_actor(num_clients: int, cpus: float, cpus_per_actor: float)
     return max(1, math.ceil(num_clients / actors))
 
 
+def alive_nodes(ray) -> dict[str, dict[str, float]]:
+    """Node id -> its resources, for every node Ray reports alive."""
+    return {node["NodeID"]: dict(node["Resources"]) for node in ray.nodes() if node["Alive"]}
+
+
+def actors_that_fit(nodes: dict[str, dict[str, float]], cpus: float, gpus: float) -> int:
+    """How many actors of `cpus` CPUs and `gpus` GPUs the nodes hold, node by node (an actor
+    never spans two nodes)."""
+    total = 0
+    for resources in nodes.values():
+        # The small epsilon keeps 0.3 + 0.3 + 0.3 of 0.9 CPUs at three actors.
+        fits = int(resources.get("CPU", 0.0) / cpus + 1e-9)
+        if gpus > 0:
+            fits = min(fits, int(resources.get("GPU", 0.0) / gpus + 1e-9))
+        total += fits
+    return total
+
+
+def fitted_clients_per_actor(num_clients: int, wanted: int, capacity: int) -> int:
+    """`wanted` clients an actor when their actors fit `capacity` actors, else the fewest
+    clients an actor that do (capacity >= 1)."""
+    if math.ceil(num_clients / wanted) <= capacity:
+        return wanted
+    return math.ceil(num_clients / capacity)
+
+
+def amount(value: float, unit: str) -> str:
+    """'1 CPU', '2 CPUs', '0.5 GPU'."""
+    return f"{value:g} {unit}" + ("s" if value > 1 else "")
+
+
+def actor_needs(runtime: RuntimeConfig) -> str:
+    """What one client actor asks Ray for: '1 CPU', '1 CPU and 0.5 GPU'."""
+    needs = amount(runtime.num_cpus_per_actor, "CPU")
+    if runtime.num_gpus_per_actor:
+        needs += f" and {amount(runtime.num_gpus_per_actor, 'GPU')}"
+    return needs
+
+
+def nodes_have(nodes: dict[str, dict[str, float]], gpus: bool) -> str:
+    """What the nodes hold in all: '2 CPUs', '2 CPUs and 1 GPU'."""
+    have = amount(sum(r.get("CPU", 0.0) for r in nodes.values()), "CPU")
+    if gpus:
+        have += f" and {amount(sum(r.get('GPU', 0.0) for r in nodes.values()), 'GPU')}"
+    return have
+
+
 class RayExecutor(Executor):
     """Hosts are Ray actors with fractional resources; payloads stay in the object store."""
 
-    def __init__(self, runtime: RuntimeConfig):
+    def __init__(self, runtime: RuntimeConfig, nodes_at_start: dict | None = None):
         super().__init__(runtime)
         import ray
 
         from raymtl.runtime.actors import GraphActor
 
         self._ray = ray
+        # The nodes alive when the run started (launch.py): one of them dead now is a lost
+        # node, and the client actors are laid out on what is left.
+        self.nodes_at_start = alive_nodes(ray) if nodes_at_start is None else nodes_at_start
         # Named actors (raymtl-<run tag>-<host>) show up readably in the dashboard and
         # `ray list actors`; the tag keeps concurrent runs on one cluster apart.
         self.tag = uuid.uuid4().hex[:8]
         self.graph = GraphActor.options(name=f"raymtl-{self.tag}-graph").remote()
         self.rehosted: dict[str, int] = {}  # host name -> replacements so far
+        self.placed: set[str] = set()  # hosts whose actors Ray has started
 
     def clients_per_actor(self, num_clients: int) -> int:
         limit = self.runtime.clients_per_actor
-        if limit != "auto":
-            return limit
-        cpus = self._ray.cluster_resources().get("CPU", 1.0)
-        return auto_clients_per_actor(num_clients, cpus, self.runtime.num_cpus_per_actor)
+        if limit == "auto":
+            cpus = self._ray.cluster_resources().get("CPU", 1.0)
+            limit = auto_clients_per_actor(num_clients, cpus, self.runtime.num_cpus_per_actor)
+        gone = self.nodes_lost()
+        return self._fit(num_clients, limit, gone) if gone else limit
+
+    def nodes_lost(self) -> list[str]:
+        """The nodes alive when the run started that Ray has declared dead since."""
+        return sorted(set(self.nodes_at_start) - set(alive_nodes(self._ray)))
+
+    def _fit(self, num_clients: int, wanted: int, gone: list[str]) -> int:
+        """Clients per actor such that the client actors fit the nodes alive now (`wanted`
+        when they do). When not even one actor fits, resources may still come (a node
+        replaced): wait up to runtime.placement_timeout_s, then stop the run in one line."""
+        runtime = self.runtime
+        cpus, gpus = runtime.num_cpus_per_actor, runtime.num_gpus_per_actor
+        after = f"alive after node {', '.join(gone)} was lost"
+        deadline = time.monotonic() + runtime.placement_timeout_s
+        while True:
+            alive = alive_nodes(self._ray)
+            capacity = actors_that_fit(alive, cpus, gpus)
+            if capacity:
+                break
+            if time.monotonic() >= deadline:
+                raise RunStopped(
+                    f"runtime: not one client actor of {actor_needs(runtime)} fits the "
+                    f"{nodes_have(alive, gpus > 0)} {after}; waited "
+                    f"{runtime.placement_timeout_s:g} s (runtime.placement_timeout_s)"
+                )
+            time.sleep(1.0)
+        fitted = fitted_clients_per_actor(num_clients, wanted, capacity)
+        if fitted != wanted:
+            was = f"auto ({wanted})" if runtime.clients_per_actor == "auto" else wanted
+            self.replanned = (
+                f"runtime.clients_per_actor: {was} -> {fitted}: "
+                f"{math.ceil(num_clients / wanted)} client actors of {actor_needs(runtime)} "
+                f"do not fit the {nodes_have(alive, gpus > 0)} {after}; "
+                f"{math.ceil(num_clients / fitted)} actors of up to {fitted} clients do"
+            )
+            self.replanned_nodes = gone
+        return fitted
+
+    def settle_nodes(self, nodes, timeout: float) -> list[str]:
+        """Wait until Ray has declared each of `nodes` dead, or the node has answered (a
+        host killed on a live node), at most `timeout` seconds; the dead ones. Until Ray
+        declares a lost node dead it may place new actors there, to be lost with it: a
+        second recovery for one lost node."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ray = self._ray
+        waiting = {node for node in nodes if node and node != "?"}
+        if not waiting:
+            return []
+        probe = ray.remote(num_cpus=0, max_retries=0)(lambda: True)
+        answers = {
+            probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+            ).remote(): node
+            for node in waiting
+        }
+        dead, deadline = [], time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            alive = alive_nodes(ray)
+            dead += sorted(waiting - set(alive))
+            waiting &= set(alive)
+            pending = [ref for ref, node in answers.items() if node in waiting]
+            if not pending:  # every probe failed: Ray is about to declare the node dead
+                time.sleep(0.5)
+                continue
+            ready, _ = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            for ref in ready:
+                node = answers.pop(ref)
+                try:
+                    ray.get(ref)
+                    waiting.discard(node)  # it answered: alive
+                except ray.exceptions.RayError:
+                    pass  # not schedulable there: wait for Ray to declare the node dead
+        if waiting:
+            log.warning(
+                "node %s neither answered nor was declared dead by Ray within %g s",
+                ", ".join(sorted(waiting)),
+                timeout,
+            )
+        return dead
 
     def peer_mixing(self, kind, num_nodes, seed, params):
         return self._ray.get(self.graph.peer_mixing.remote(kind, num_nodes, seed, params))
@@ -87,6 +227,7 @@ class RayExecutor(Executor):
         """Build every named actor in parallel. An exception raised by `build`, or by the
         actor's creation (its spec could not be unpickled there), is the configuration's or
         the node's: one ConfigError line. An actor that died otherwise is a lost host."""
+        self._await_placement(names)
         refs = {name: self.hosts[name].build.remote() for name in names}
         failed, detail = [], ""
         for name, ref in refs.items():
@@ -98,10 +239,33 @@ class RayExecutor(Executor):
                 if error.actor_init_failed:
                     raise build_error(name, creation_error(error)) from error
                 failed.append(name)
-                detail = detail or " ".join(str(error).split())[:200]
+                detail = detail or one_line(error)[:200]
         if failed:
             nodes = {name: self.nodes.get(name, "?") for name in failed}
             raise HostsLost("build", failed, nodes, detail)
+
+    def _await_placement(self, names) -> None:
+        """Wait until Ray has placed and started every named actor (it answers `ping`); stop
+        the run once runtime.placement_timeout_s passes with none of them coming up: an
+        actor that cannot be scheduled waits forever. A window in which some came up is
+        followed by another (a large layout starts its actors one after another)."""
+        timeout = self.runtime.placement_timeout_s
+        pings = {self.hosts[name].ping.remote(): name for name in names}
+        waiting, ready = list(pings), True
+        while waiting and ready:
+            ready, waiting = self._ray.wait(waiting, num_returns=len(waiting), timeout=timeout)
+            self.placed.update(pings[ref] for ref in ready)
+        if not waiting:
+            return
+        unplaced = sorted(pings[ref] for ref in waiting)
+        alive, gone = alive_nodes(self._ray), self.nodes_lost()
+        after = f" after node {', '.join(gone)} was lost" if gone else ""
+        raise RunStopped(
+            f"runtime: {len(unplaced)} of {len(pings)} actors ({', '.join(unplaced)}; a client "
+            f"actor takes {actor_needs(self.runtime)}) not placed within "
+            f"runtime.placement_timeout_s: {timeout:g} s; the nodes alive{after} have "
+            f"{nodes_have(alive, self.runtime.num_gpus_per_actor > 0)}"
+        )
 
     def _call(self, method, calls):
         refs = {
@@ -115,21 +279,23 @@ class RayExecutor(Executor):
                 # The host is alive but a payload it was handed died with its sender's host
                 # (e.g. a task leader lost between its two steps): nothing to go on with, so
                 # the federation rolls back.
-                detail = " ".join(str(error).split())[:200]
+                detail = one_line(error)[:200]
                 raise HostsLost(method, [name], {name: self.nodes.get(name, "?")}, detail) from None
             except self._ray.exceptions.RayActorError as error:
-                log.warning("host %s failed during %s: %s", name, method, error)
+                # One line: faults.parquet and the federation's warning tell the rest.
+                log.info("host %s failed during %s: %s", name, method, one_line(error))
                 if role_of(self.members[name][0]) in REHOSTABLE_ROLES:
                     results[name] = self._rehost(name, method, calls[name])
                 else:
                     failed.append(name)
-                    detail = detail or " ".join(str(error).split())[:200]
+                    detail = detail or one_line(error)[:200]
         return Answer(results, self._check_quorum(method, calls, failed, detail))
 
     def _rehost(self, name: str, method: str, args: tuple):
         """Start a new host for a lost one whose roles can move (a task leader) and repeat
         the call there; the algorithm's `rehost` decides who takes the role over."""
         self.rehosted[name] = self.rehosted.get(name, 0) + 1
+        self.settle_nodes([self.nodes.get(name, "?")], self.runtime.placement_timeout_s)
         spec = self.specs[name]
         role = role_of(spec.participants[0])
         handle = self._start_host(f"{name}-r{self.rehosted[name]}", role, spec)
@@ -159,10 +325,17 @@ class RayExecutor(Executor):
         self.nodes = self._call("node", {name: () for name in self.hosts}).value
 
     def shutdown(self):
-        self._close_hosts()  # before the actors go: their spilled state is on local disk
+        # Before the actors go: their spilled state is on local disk. Only actors that came
+        # up: a call to one never placed would wait for it forever.
+        self._close_hosts([name for name in self.client_hosts() if name in self.placed])
         for handle in {id(h): h for h in [*self.hosts.values(), self.graph]}.values():
             self._ray.kill(handle)
         self._forget_hosts()
+
+
+def one_line(error: BaseException) -> str:
+    """An error's text on one line (Ray's span several)."""
+    return " ".join(str(error).split())
 
 
 def creation_error(error) -> str:

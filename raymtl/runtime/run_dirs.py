@@ -11,6 +11,13 @@ import yaml
 
 from raymtl.config import ConfigError, ExperimentConfig, apply_override, dump_config, parse_config
 from raymtl.data.sources import DEFAULT_CACHE_ROOT
+from raymtl.runtime.checkpoints import (
+    DamagedCheckpoint,
+    checkpoint_dir,
+    config_hash,
+    latest_checkpoint,
+    read_manifest,
+)
 from raymtl.runtime.storage import Location, fetch, is_uri, publish
 from raymtl.runtime_paths import make_directory
 
@@ -72,7 +79,9 @@ def start_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tuple
 def reopen_run(cfg: ExperimentConfig, run_dir: str | Path) -> tuple[Path, Location]:
     """An existing run (a path or a URI) to go on with `cfg`, which may only change what a
     resume may change; the outputs so far are fetched from a URI."""
-    check_resumable(load_run_config(run_dir), cfg)
+    saved = load_run_config(run_dir)
+    checkpoints_config(saved, Location.of(run_dir))
+    check_resumable(saved, cfg)
     local, store = run_location(run_dir)
     if is_uri(store.uri):
         fetch(store, local)
@@ -84,7 +93,14 @@ def load_run_config(run_dir: str | Path, overrides: list[str] = ()) -> Experimen
     store = Location.of(run_dir)
     if not store.child("config.yaml").is_file():
         raise ConfigError(f"--resume: '{run_dir}' has no config.yaml (not a run directory)")
-    raw = yaml.safe_load(store.child("config.yaml").read_text()) or {}
+    try:
+        raw = yaml.safe_load(store.child("config.yaml").read_bytes().decode())
+    except (ValueError, yaml.YAMLError):  # not UTF-8, not YAML
+        raise ConfigError(
+            f"--resume: {store.child('config.yaml')} is not a config raymtl wrote"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--resume: {store.child('config.yaml')} is not a config raymtl wrote")
     for assignment in overrides:
         apply_override(raw, assignment)
     return parse_config(raw)
@@ -101,6 +117,61 @@ def check_resumable(saved: ExperimentConfig, cfg: ExperimentConfig) -> None:
                 f"{field}: {old!r} in the run, {new!r} now; --resume keeps the run's settings "
                 "(only rounds may grow; start a new run instead)"
             )
+
+
+def bound_config(cfg: ExperimentConfig) -> dict:
+    """The settings a checkpoint is bound to: all but what a resume may change."""
+    dumped = cfg.model_dump(mode="json")
+    return {key: value for key, value in dumped.items() if key not in RESUMABLE_CHANGES}
+
+
+def check_bound(cfg: ExperimentConfig, manifest: dict, where: str) -> None:
+    """Refuse, in one line naming the fields, a config that is not the one checkpoint
+    `where` was written with (its manifest's `config`; older manifests have none). A field
+    of raymtl's sections that the manifest does not hold (one added to raymtl since) is not
+    compared; a key of a free `params` mapping always is (its absence meant the default)."""
+    recorded = manifest.get("config")
+    if not isinstance(recorded, dict):
+        return
+    if manifest.get("config_sha256") == config_hash(bound_config(cfg)):
+        return
+    changes = []
+    for field, old, new in changed_fields(recorded, bound_config(cfg)):
+        known = field_known(recorded, field)
+        if known or ".params." in f".{field}":
+            was = repr(old) if known else "unset"
+            changes.append(f"{field}: {was} in the checkpoints, {new!r} now")
+    if changes:
+        raise ConfigError(
+            f"{'; '.join(changes)} ({where}); --resume needs the settings its checkpoints "
+            "were written with: restore them (config.yaml), or start a new run"
+        )
+
+
+def field_known(recorded: dict, field: str) -> bool:
+    """Whether a dotted field exists in a recorded config (its value may be None)."""
+    node = recorded
+    for part in field.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def checkpoints_config(cfg: ExperimentConfig, store: Location) -> None:
+    """Every seed's latest checkpoint must have been written with `cfg`'s settings (a
+    config.yaml edited in the run directory is refused before anything runs or changes)."""
+    checkpoints = store.child("checkpoints")
+    for seed_name in sorted(checkpoints.entries()):
+        seed_dir = checkpoints.child(seed_name)
+        latest = latest_checkpoint(seed_dir)
+        if not latest:
+            continue
+        try:
+            manifest = read_manifest(checkpoint_dir(seed_dir, latest))
+        except DamagedCheckpoint:  # the run falls back from it (federation.py)
+            continue
+        check_bound(cfg, manifest, f"checkpoints/{seed_name}/round{latest:05d}")
 
 
 def changed_fields(before, after, prefix: str = ""):

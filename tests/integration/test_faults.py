@@ -1,11 +1,14 @@
 """Faults on one shared local Ray: a lost host (client actor, server, LPS, graph service) rolls
 the whole federation back to its last complete checkpoint and the lost rounds are replayed, so
 the finished run equals the fault-free one; faults.parquet and summary.json say what happened.
-The loss of a whole node is tested on a `ray.cluster_utils.Cluster` in a subprocess."""
+A run that cannot go on (recoveries used up, actors no node can hold) stops in one line
+(`RunStopped`; exit code 3 on the command line). Crashed nodes are tested on a
+`ray.cluster_utils.Cluster` in a subprocess (cluster_node_loss.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +17,17 @@ import pandas as pd
 import pytest
 
 from raymtl.runtime import run_experiment
+from raymtl.runtime.faults import RunStopped
+from tests.conftest import write_experiment
 
 pytestmark = pytest.mark.ray
 
-SETTINGS = {"runtime.executor": "ray", "rounds": 4, "checkpoint_every": 2,
-            "runtime.clients_per_actor": 3}  # fmt: skip
+SETTINGS = {
+    "runtime.executor": "ray",
+    "rounds": 4,
+    "checkpoint_every": 2,
+    "runtime.clients_per_actor": 3,
+}
 HOSTS = {
     "clients-0": {"algorithm.name": "fedavg"},
     "server": {"algorithm.name": "fedavg"},
@@ -56,11 +65,13 @@ def test_a_lost_host_is_recovered_with_identical_results(ray_session, make_confi
     cfg = make_config(**settings, **{"runtime.max_restarts": 1})
     recovered = run_experiment(cfg, tmp_path / "faulty", kill_once(ray_session, host, 3, killed))
     assert killed  # round 3 was lost with the host; the round-2 checkpoint is the last complete
-    pd.testing.assert_frame_equal(table(whole, "clients", CLIENT_COLUMNS),
-                                  table(recovered, "clients", CLIENT_COLUMNS))  # fmt: skip
+    pd.testing.assert_frame_equal(
+        table(whole, "clients", CLIENT_COLUMNS), table(recovered, "clients", CLIENT_COLUMNS)
+    )
     message_columns = ["seed", "round", "src", "dst", "kind", "bits"]
-    pd.testing.assert_frame_equal(table(whole, "messages", message_columns),
-                                  table(recovered, "messages", message_columns))  # fmt: skip
+    pd.testing.assert_frame_equal(
+        table(whole, "messages", message_columns), table(recovered, "messages", message_columns)
+    )
     (fault,) = pd.read_parquet(recovered / "faults.parquet").to_dict("records")
     assert fault["host"] == host and fault["round"] == 4 and fault["rolled_back_to"] == 2
     assert fault["action"].startswith("rolled back") and fault["node"] not in ("", "?")
@@ -68,23 +79,128 @@ def test_a_lost_host_is_recovered_with_identical_results(ray_session, make_confi
     assert faults["recoveries"] == 1 and faults["rounds_replayed"] == 1
 
 
-def test_without_restarts_left_a_lost_host_ends_the_run_with_one_line(ray_session, make_config,
-                                                                      tmp_path):  # fmt: skip
+def test_without_restarts_left_a_lost_host_stops_the_run_in_one_line(
+    ray_session, make_config, tmp_path
+):
     killed = []
-    with pytest.raises(RuntimeError, match=r"^runtime.max_restarts: 0 recoveries used up; hosts"):
-        run_experiment(make_config(**SETTINGS), tmp_path / "run",
-                       kill_once(ray_session, "clients-0", 1, killed))  # fmt: skip
+    kill = kill_once(ray_session, "clients-0", 1, killed)
+    with pytest.raises(RunStopped) as stopped:
+        run_experiment(make_config(**SETTINGS), tmp_path / "run", kill)
+    (line,) = str(stopped.value).splitlines()
+    assert line.startswith("runtime.max_restarts: 0 recoveries used up; seed 0 round 2: ")
+    assert "hosts lost during run_phase: clients-0 (node " in line
     (fault,) = pd.read_parquet(tmp_path / "run" / "faults.parquet").to_dict("records")
-    assert fault["action"] == "run stopped"
+    assert fault["action"] == "run stopped" and fault["host"] == "clients-0"
+
+
+CRASHING_PLUGIN = """
+import os
+
+from raymtl.extend import FedAvg, register_algorithm
+
+
+@register_algorithm
+class CrashingFedAvg(FedAvg):
+    name = "crashing_fedavg"
+    summary = "FedAvg whose client 0 crashes its host's process in round 2"
+
+    def train(self, state, inbox, ctx):
+        if ctx.round == 2 and ctx.me == "client/0":
+            os._exit(1)
+        return super().train(state, inbox, ctx)
+"""
+# Ray's own log lines on stderr (its start-up): `2026-01-01 10:00:00,000<TAB>INFO ...`.
+RAY_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(INFO|WARNING) ")
+
+
+def test_recoveries_used_up_is_one_line_and_exit_code_3(tmp_path):
+    """`raymtl run` as a user meets it: a client host's process crashes in round 2 and
+    runtime.max_restarts is 0."""
+    (tmp_path / "crash_once.py").write_text(CRASHING_PLUGIN)
+    settings = {"algorithm.name": "crashing_fedavg", "runtime.executor": "ray"}
+    path = write_experiment(tmp_path, plugins=["crash_once.py"], **settings)
+    result = subprocess.run(
+        [sys.executable, "-m", "raymtl", "run", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr + result.stdout
+    (line,) = [line for line in result.stderr.splitlines() if not RAY_LOG_LINE.match(line)]
+    assert line.startswith("error: runtime.max_restarts: 0 recoveries used up; seed 0 round 2:")
+    assert "hosts lost during run_phase: clients-0" in line
+
+
+def test_actors_no_node_can_hold_stop_the_run_within_the_wait(ray_session, make_config, tmp_path):
+    """Client actors of 3 CPUs on the 2-CPU local Ray: never placed, and never a hang."""
+    settings = {**SETTINGS, "runtime.num_cpus_per_actor": 3, "runtime.placement_timeout_s": 2}
+    with pytest.raises(RunStopped) as stopped:
+        run_experiment(make_config(**settings), tmp_path / "run")
+    (line,) = str(stopped.value).splitlines()
+    assert line == (
+        "runtime: 2 of 3 actors (clients-0, clients-1; a client actor takes 3 CPUs) not "
+        "placed within runtime.placement_timeout_s: 2 s; the nodes alive have 2 CPUs"
+    )
+
+
+@pytest.fixture(scope="module")
+def crashed_nodes(tmp_path_factory) -> dict[str, dict]:
+    """cluster_node_loss.py's scenarios (one Cluster, in its own process): name -> what
+    happened."""
+    out = tmp_path_factory.mktemp("cluster")
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.integration.cluster_node_loss", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).parents[2],
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("SCENARIO ")]
+    scenarios = [json.loads(line.removeprefix("SCENARIO ")) for line in lines]
+    return {scenario["name"]: scenario for scenario in scenarios}
 
 
 @pytest.mark.slow
-def test_a_lost_worker_node_is_recovered_on_the_nodes_left(tmp_path):
-    script = "tests.integration.cluster_node_loss"
-    result = subprocess.run([sys.executable, "-m", script, str(tmp_path)], capture_output=True,
-                            text=True, timeout=600, cwd=Path(__file__).parents[2])  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "identical" in result.stdout
+def test_a_crashed_node_costs_one_recovery(crashed_nodes):
+    """2 nodes, max_restarts 1: the rollback waits for Ray to declare the node dead, so no
+    new actor lands on it; the head holds them all."""
+    scenario = crashed_nodes["one_recovery"]
+    assert scenario["stopped"] is None and scenario["equal"]
+    (fault,) = scenario["faults"]
+    assert fault["node"] == scenario["node"] and fault["recovery"] == 1
+    assert fault["round"] == 4 and fault["action"] == "rolled back to round 2, replaying"
+
+
+@pytest.mark.slow
+def test_a_crashed_node_without_replacement_is_replanned_onto_the_head(crashed_nodes):
+    """4 client actors of 1 CPU on a 2-CPU head and a 2-CPU worker; the worker crashes: 2
+    actors of 2 clients on the head, equal results, one line saying so."""
+    scenario = crashed_nodes["replanned"]
+    assert scenario["stopped"] is None and scenario["equal"]
+    *lost, replanned = scenario["faults"]
+    assert {fault["action"] for fault in lost} == {"rolled back to round 2, replaying"}
+    assert {fault["node"] for fault in lost} == {scenario["node"]}
+    assert replanned["host"] == "client actors" and replanned["round"] == 3
+    assert replanned["action"] == (
+        "re-planned: runtime.clients_per_actor: 1 -> 2: 4 client actors of 1 CPU do not fit "
+        f"the 2 CPUs alive after node {scenario['node']} was lost; 2 actors of up to 2 clients do"
+    )
+
+
+@pytest.mark.slow
+def test_a_layout_that_fits_no_node_left_stops_in_one_line_within_the_wait(crashed_nodes):
+    """A client actor of 2.5 CPUs on the worker; the head has 2: nothing can hold it."""
+    scenario = crashed_nodes["cannot_fit"]
+    assert scenario["stopped"] == (
+        "runtime: not one client actor of 2.5 CPUs fits the 2 CPUs alive after node "
+        f"{scenario['node']} was lost; waited 10 s (runtime.placement_timeout_s)"
+    )
+    assert scenario["seconds_to_stop"] < 10 + 20  # the wait, and Ray declaring the node dead
+    (fault,) = scenario["faults"]
+    assert fault["action"] == "rolled back to round 2, replaying"
 
 
 def test_a_run_may_go_on_without_lost_clients_and_resume_exactly_that_federation(
@@ -94,8 +210,8 @@ def test_a_run_may_go_on_without_lost_clients_and_resume_exactly_that_federation
     settings = {**SETTINGS, "runtime.min_clients_fraction": 0.5, "checkpoint_every": 1}
     killed = []
     cfg = make_config(**settings)
-    run_dir = run_experiment(cfg, tmp_path / "run", kill_once(ray_session, "clients-0", 1, killed),
-                             stop_after=3)  # fmt: skip
+    kill = kill_once(ray_session, "clients-0", 1, killed)
+    run_dir = run_experiment(cfg, tmp_path / "run", kill, stop_after=3)
     rounds = pd.read_parquet(run_dir / "rounds.parquet")
     assert rounds["clients_answered"].tolist() == [6, 3, 3]
     assert rounds["clients_lost"].tolist() == [0, 3, 3]
@@ -119,8 +235,9 @@ def test_a_run_may_go_on_without_lost_clients_and_resume_exactly_that_federation
     assert set(last[last["round"] == 4]["client"]) == {3, 4, 5}
 
 
-def test_a_run_kept_at_a_uri_recovers_and_resumes_from_it(ray_session, make_config, tmp_path,
-                                                           monkeypatch):  # fmt: skip
+def test_a_run_kept_at_a_uri_recovers_and_resumes_from_it(
+    ray_session, make_config, tmp_path, monkeypatch
+):
     """output.dir as a URI (file:// here; s3://, gs:// go through the same pyarrow.fs calls):
     the hosts write their checkpoints there, the driver publishes its outputs there."""
     monkeypatch.setattr("raymtl.runtime.run_dirs.DEFAULT_CACHE_ROOT", str(tmp_path / "cache"))
@@ -133,13 +250,14 @@ def test_a_run_kept_at_a_uri_recovers_and_resumes_from_it(ray_session, make_conf
     run_uri = run_experiment(cfg, progress=kill_once(ray_session, "clients-0", 3, killed))
     assert killed and isinstance(run_uri, str) and run_uri.startswith(uri)
     remote = Path(run_uri.removeprefix("file://"))
-    for name in ("config.yaml", "rounds.parquet", "clients.parquet", "summary.json",
-                 "faults.parquet", "checkpoints/seed0/round00002/COMPLETE",
-                 "checkpoints/seed0/round00002/index-client_0.json",  # FedAvg clients keep nothing
-                 "checkpoints/seed0/round00002/server.pt", "checkpoints/seed0/DONE"):  # fmt: skip
+    outputs = ["config.yaml", "rounds.parquet", "clients.parquet", "summary.json"]
+    checkpoint = ["COMPLETE", "index-client_0.json", "server.pt"]  # FedAvg clients keep nothing
+    outputs += [f"checkpoints/seed0/round00002/{name}" for name in checkpoint]
+    for name in [*outputs, "faults.parquet", "checkpoints/seed0/DONE"]:
         assert (remote / name).is_file(), name
-    pd.testing.assert_frame_equal(table(whole, "clients", CLIENT_COLUMNS),
-                                  table(remote, "clients", CLIENT_COLUMNS))  # fmt: skip
+    pd.testing.assert_frame_equal(
+        table(whole, "clients", CLIENT_COLUMNS), table(remote, "clients", CLIENT_COLUMNS)
+    )
     longer = raymtl.resume(run_uri, overrides=["rounds=5"])
     assert longer.uri == run_uri and longer.rounds["round"].tolist() == [1, 2, 3, 4, 5]
     assert raymtl.load_results(run_uri).rounds["round"].tolist() == [1, 2, 3, 4, 5]

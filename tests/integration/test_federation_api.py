@@ -138,12 +138,12 @@ def test_the_rows_a_callback_sees_are_the_rows_recorded(make_config, tmp_path):
         seen_clients, clients[list(seen_clients.columns)], check_dtype=False
     )
     again = resume_experiment(run_dir, overrides=["rounds=4"], callbacks=[collect])
-    # The last round is never checkpointed: a longer run goes on from round 2's checkpoint.
-    assert [row["round"] for row in collect.rows] == [1, 2, 3, 3, 4] and again == run_dir
+    # The last round is checkpointed: a longer run goes on from round 3.
+    assert [row["round"] for row in collect.rows] == [1, 2, 3, 4] and again == run_dir
     recorded = pd.read_parquet(run_dir / "rounds.parquet")
     pd.testing.assert_frame_equal(
         pd.DataFrame(collect.rows[3:])[list(recorded.columns)],
-        recorded[recorded["round"] > 2].reset_index(drop=True),
+        recorded[recorded["round"] > 3].reset_index(drop=True),
         check_dtype=False,
     )
 

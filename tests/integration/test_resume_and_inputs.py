@@ -1,6 +1,8 @@
-"""What a user types that must not hurt: bad overrides and paths are one line and exit 2;
---resume keeps the run's settings (only rounds may grow) and never drops an override; the
-Python API runs and loads a run. InlineExecutor: no Ray needed."""
+"""What a user types that must not hurt: bad overrides, settings, paths and experiment files
+(empty, binary) are one line and exit 2; --resume keeps the run's settings (only rounds may
+grow), never drops an override and refuses a config.yaml edited after its checkpoints; the
+final round is checkpointed, so a longer run replays nothing; the Python API runs and loads a
+run. InlineExecutor: no Ray needed."""
 
 from __future__ import annotations
 
@@ -105,8 +107,8 @@ def test_rejected_non_finite_updates_reach_the_console_and_a_table(tmp_path, cap
 
 def test_bf16_mixed_precision_trains_like_fp32_and_is_recorded(tmp_path):
     """Clients train and evaluate under bfloat16 autocast; the run learns as fp32 does."""
-    settings = ["rounds=4", "data.partition.kind=iid", "data.partition.rotations=null",
-                "algorithm.params.epochs=3", "algorithm.params.lr=0.5"]  # fmt: skip
+    settings = ["rounds=4", "data.partition.kind=iid", "data.partition.rotations=null"]
+    settings += ["algorithm.params.epochs=3", "algorithm.params.lr=0.5"]
     fp32 = raymtl.run(write(tmp_path, "a.yaml"), overrides=settings)
     bf16 = raymtl.run(
         write(tmp_path, "b.yaml"), overrides=[*settings, "runtime.precision=bf16-mixed"]
@@ -127,7 +129,127 @@ def test_rounds_say_where_the_seconds_went_and_the_summary_the_throughput(tmp_pa
     assert (rounds["seconds_receive"] == 0).all()  # FedAvg's clients have no other step
     assert (rounds["seconds_train"] + rounds["seconds_aggregate"] < rounds["wall_time"]).all()
     phases = results.tables["phases"]
-    assert phases.groupby("round")["step"].apply(list).tolist() == [["broadcast", "train",
-                                                                      "aggregate"]] * 2  # fmt: skip
+    steps = phases.groupby("round")["step"].apply(list).tolist()
+    assert steps == [["broadcast", "train", "aggregate"]] * 2
     throughput = results.summary["final"]["client_updates_per_second"]["mean"]
     assert throughput == pytest.approx(12 / rounds["wall_time"].iloc[-1])
+
+
+def test_a_config_yaml_edited_after_its_checkpoints_is_refused_naming_the_field(tmp_path):
+    run_dir = interrupted(tmp_path)
+    saved = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(saved.replace("lr: 0.1", "lr: 0.5"))
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir), "rounds=8"])
+    one_line_exit_2(
+        result,
+        "algorithm.params.lr: 0.1 in the checkpoints, 0.5 now (checkpoints/seed0/round00002); "
+        "--resume needs the settings its checkpoints were written with",
+    )
+    # Refused before anything ran or changed: no round, no rewritten config.yaml.
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert pd.read_parquet(run_dir / "rounds.parquet")["round"].tolist() == [1, 2]
+    assert "rounds: 3" in (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(saved)  # restored: the run goes on
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    assert result.exit_code == 0, result.output
+
+
+class Rounds(raymtl.Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_round_end(self, event):
+        self.seen.append(event.round)
+
+
+def test_the_final_round_is_checkpointed_so_a_longer_run_replays_nothing(tmp_path):
+    path = write(tmp_path, **{"rounds": 6, "checkpoint_every": 2})
+    run_dir = raymtl.run(path).run_dir
+    seed_dir = run_dir / "checkpoints" / "seed0"
+    complete = sorted(p.parent.name for p in seed_dir.glob("round*/COMPLETE"))
+    assert complete == ["round00002", "round00004", "round00006"]
+    rounds = Rounds()
+    longer = raymtl.resume(run_dir, overrides=["rounds=8"], callbacks=[rounds])
+    assert rounds.seen == [7, 8]  # from round 6's checkpoint: nothing run twice
+    assert longer.rounds["round"].tolist() == list(range(1, 9))
+    assert (seed_dir / "round00008" / "COMPLETE").is_file()
+
+
+def test_a_seed_stopped_by_a_callback_is_checkpointed_where_it_stopped(tmp_path):
+    class StopAt3(Rounds):
+        def on_round_end(self, event):
+            super().on_round_end(event)
+            return event.round == 3
+
+    path = write(tmp_path, **{"rounds": 6, "checkpoint_every": 2})
+    run_dir = raymtl.run(path, callbacks=[StopAt3()]).run_dir
+    assert (run_dir / "checkpoints" / "seed0" / "round00003" / "COMPLETE").is_file()
+    rounds = Rounds()
+    raymtl.resume(run_dir, overrides=["rounds=7"], callbacks=[rounds])
+    assert rounds.seen == [4, 5, 6, 7]
+
+
+BAD_INPUTS = {
+    "runtime.clients_per_actor=0": "runtime.clients_per_actor: 0 clients an actor; give 'auto'",
+    "runtime.memory_budget=-1": "runtime.memory_budget: -1 is not a positive size",
+    "runtime.memory_budget=0GB": "runtime.memory_budget: '0GB' is not a positive size",
+}
+
+
+@pytest.mark.parametrize("override", sorted(BAD_INPUTS))
+def test_a_bad_runtime_setting_is_one_line(tmp_path, override):
+    result = CliRunner().invoke(app, ["run", str(write(tmp_path)), override])
+    one_line_exit_2(result, BAD_INPUTS[override])
+
+
+BAD_FILES = {
+    "empty": (b"", "is empty (it holds no settings)"),
+    "only comments": (b"# an experiment, one day\n", "is empty (it holds no settings)"),
+    "an empty mapping": (b"{}\n", "is empty (it holds no settings)"),
+    "binary": (bytes(range(256)), "is not a text file (UTF-8 YAML)"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_an_empty_or_binary_experiment_file_is_refused_in_one_line(tmp_path, kind):
+    content, problem = BAD_FILES[kind]
+    path = tmp_path / "experiment.yaml"
+    path.write_bytes(content)
+    result = CliRunner().invoke(app, ["run", str(path)])
+    one_line_exit_2(result, f"experiment file: '{path}' {problem}")
+    assert not any(p.is_dir() for p in tmp_path.iterdir())  # nothing ran
+
+
+def test_a_memory_budget_refusal_is_its_one_line_without_the_estimate_before_it(tmp_path):
+    path = write(
+        tmp_path,
+        **{
+            "algorithm.name": "sheaf_fmtl",
+            "topology.kind": "erdos_renyi",
+            "topology.params": {"p": 0.5},
+            "runtime.memory_budget": "10KB",
+        },
+    )
+    result = CliRunner().invoke(app, ["run", str(path)])
+    one_line_exit_2(result, "runtime.memory_budget: sheaf_fmtl needs")
+    assert "per-client state needs" not in result.output
+
+
+def test_a_damaged_config_yaml_is_refused_in_one_line(tmp_path):
+    run_dir = interrupted(tmp_path)
+    (run_dir / "config.yaml").write_bytes(bytes(range(256)))
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    one_line_exit_2(result, f"--resume: {run_dir / 'config.yaml'} is not a config raymtl wrote")
+
+
+def test_a_federation_reopening_an_edited_run_directory_is_refused(tmp_path):
+    from raymtl.runtime.federation import Federation
+    from tests.conftest import digits_experiment
+
+    run_dir = interrupted(tmp_path)
+    saved = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(saved.replace("lr: 0.1", "lr: 0.5"))
+    edited = digits_experiment(tmp_path, **{"rounds": 3, "algorithm.params.lr": 0.5})
+    with pytest.raises(ConfigError, match=r"^algorithm.params.lr: 0.1 in the checkpoints, 0.5"):
+        Federation(edited, run_dir=run_dir)

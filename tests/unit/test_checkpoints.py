@@ -1,20 +1,32 @@
 """Checkpoints on a cluster: the driver and the hosts must see each other's files; COMPLETE
-only when every participant's file is there; a host never starts silently from scratch."""
+only when every participant's file is there; a host never starts silently from scratch.
+Checkpoints to trust: every file checked against its manifest's sha256, a file that is not
+a tensor archive named without torch's advice, the manifest bound to the settings."""
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 from pathlib import Path
 
 import pytest
+import torch
 
 from raymtl.config import ConfigError
 from raymtl.runtime.checkpoints import (
+    DamagedCheckpoint,
     check_shared,
     checkpoint_file,
+    damaged_cause,
     index_file,
+    read_blob,
+    read_manifest,
     saved_clients,
     verify_checkpoint,
+    write_host_checkpoint,
+    write_manifest,
 )
+from raymtl.runtime.run_dirs import bound_config, check_bound
 from raymtl.runtime.storage import Location
 
 
@@ -72,3 +84,97 @@ def test_a_host_never_starts_from_scratch_when_its_checkpoint_is_missing(tmp_pat
     spec = next(iter(setup.specs.values()))
     with pytest.raises(FileNotFoundError, match=r"^output.dir: checkpoint file .* not visible"):
         ParticipantHost(spec).build()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "is not a checkpoint raymtl wrote"),
+        (bytes(range(256)) * 4, "is not a checkpoint raymtl wrote"),
+        (b'{"model": null}', "is not a checkpoint raymtl wrote"),
+    ],
+)
+def test_a_file_that_is_not_a_tensor_archive_is_named_without_torchs_advice(
+    tmp_path, content, problem
+):
+    location = Location.of(tmp_path / "server.pt")
+    location.write_bytes(content)
+    with pytest.raises(DamagedCheckpoint) as damaged:
+        read_blob(location, "cpu", "local")  # a manifest without checksums: torch reads it
+    assert str(damaged.value) == f"checkpoint file {location} {problem}"
+    assert "weights_only" not in str(damaged.value)
+
+
+def test_a_tensor_archive_holding_other_objects_is_refused_unread(tmp_path):
+    location = Location.of(tmp_path / "server.pt")
+    torch.save({"model": None, "extras": {"x": Path("not a tensor")}}, str(location))
+    with pytest.raises(DamagedCheckpoint) as damaged:
+        read_blob(location, "cpu", "local")
+    message = "holds objects other than tensors and plain data (refused unread)"
+    assert str(damaged.value) == f"checkpoint file {location} {message}"
+    assert damaged.value.__suppress_context__  # torch's text (weights_only=False) is not shown
+    truncated = location.read_bytes()[:-100]
+    location.write_bytes(truncated)
+    with pytest.raises(DamagedCheckpoint, match="server.pt is not a checkpoint raymtl wrote"):
+        read_blob(location, "cpu", "local")
+
+
+def test_a_file_is_checked_against_its_manifest_before_it_is_read(tmp_path):
+    folder = Location.of(tmp_path)
+    checksums = write_host_checkpoint(
+        str(tmp_path), {"server": {"model": None, "extras": {"t": torch.arange(3)}}}
+    )
+    server = checkpoint_file(folder, "server")
+    assert checksums == {"server.pt": hashlib.sha256(server.read_bytes()).hexdigest()}
+    assert torch.equal(read_blob(server, "cpu", "local", checksums)["extras"]["t"], torch.arange(3))
+    data = server.read_bytes()
+    server.write_bytes(data[:-1] + bytes([data[-1] ^ 0x80]))
+    with pytest.raises(DamagedCheckpoint, match=rf"server.pt is damaged \({len(data)} bytes; its"):
+        read_blob(server, "cpu", "local", checksums)
+    with pytest.raises(DamagedCheckpoint, match="server.pt is not listed in its checkpoint's"):
+        read_blob(server, "cpu", "local", {})
+
+
+def test_a_damaged_checkpoint_survives_being_sent_and_is_found_behind_its_wrappers():
+    damaged = DamagedCheckpoint("/run/round00002/client_0.pt", "is not a checkpoint raymtl wrote")
+    again = pickle.loads(pickle.dumps(damaged))  # how Ray brings it back from an actor
+    assert (again.file, again.problem, str(again)) == (damaged.file, damaged.problem, str(damaged))
+
+    class RayTaskError(RuntimeError):  # Ray's wrapper keeps what the actor raised as `cause`
+        cause = damaged
+
+    try:
+        raise ConfigError("host clients-0: checkpoint file ...") from RayTaskError()
+    except ConfigError as error:
+        assert damaged_cause(error) is damaged
+    assert damaged_cause(ConfigError("host clients-0: algorithm.name: ...")) is None
+
+
+def test_a_manifest_binds_the_settings_a_resume_may_not_change(make_config, tmp_path):
+    cfg = make_config(**{"algorithm.params.lr": 0.1})
+    folder = Location.of(tmp_path)
+    write_manifest(folder, 2, ["client/5"], {"server.pt": "ab"}, bound_config(cfg))
+    manifest = read_manifest(folder)
+    assert (manifest["round"], manifest["lost"], manifest["files"]) == (
+        2,
+        ["client/5"],
+        {"server.pt": "ab"},
+    )
+    assert "rounds" not in manifest["config"] and "runtime" not in manifest["config"]
+    check_bound(make_config(**{"rounds": 9, "runtime.max_restarts": 3}), manifest, "here")
+    with pytest.raises(
+        ConfigError,
+        match=r"^algorithm.params.lr: 0.1 in the checkpoints, 0.5 now \(here\); --resume",
+    ):
+        check_bound(make_config(**{"algorithm.params.lr": 0.5}), manifest, "here")
+    # A setting raymtl added since the checkpoint was written is not a change; an old
+    # manifest (no config) binds nothing.
+    del manifest["config"]["eval_every"]
+    manifest["config_sha256"] = "older"
+    check_bound(cfg, manifest, "here")
+    check_bound(make_config(**{"algorithm.params.lr": 0.5}), {"round": 2, "lost": []}, "here")
+    # A parameter given now that the checkpoints ran with by default is a change.
+    with pytest.raises(
+        ConfigError, match=r"^algorithm.params.momentum: unset in the checkpoints, 0.9 now"
+    ):
+        check_bound(make_config(**{"algorithm.params.momentum": 0.9}), manifest, "here")

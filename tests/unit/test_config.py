@@ -41,6 +41,9 @@ def test_defaults_resolve_the_topology_from_the_algorithm(make_config):
         ({"runtime.executor": "dask"}, "runtime.executor:"),
         ({"data.name": "imagenet"}, "data.name: 'imagenet' is not one of"),
         ({"model.name": "vgg"}, "model.name: 'vgg' is not one of"),
+        ({"runtime.clients_per_actor": 0}, "runtime.clients_per_actor: 0 clients an actor"),
+        ({"runtime.memory_budget": -1}, "runtime.memory_budget: -1 is not a positive size"),
+        ({"runtime.memory_budget": "ten"}, "runtime.memory_budget: 'ten' is not a size"),
     ],
 )
 def test_one_line_errors_name_the_field(tmp_path, overrides, field):
@@ -70,6 +73,12 @@ def test_bad_graph_parameters_are_rejected(tmp_path):
         **{"algorithm.name": "dpsgd", "topology.kind": "erdos_renyi", "topology.params": {"p": 2}},
     )
     assert message.startswith("topology.p")
+
+
+def test_sizes_and_actors_that_are_settings(make_config):
+    runtime = make_config(**{"runtime.memory_budget": "1.5 GiB"}).runtime
+    assert runtime.memory_budget == "1.5 GiB"  # kept as written: config.yaml shows it so
+    assert make_config(**{"runtime.clients_per_actor": 3}).runtime.clients_per_actor == 3
 
 
 def test_file_overrides_and_round_trip(tmp_path):

@@ -8,6 +8,8 @@ number within the seed), action, rolled_back_to, seconds_lost, error). Adds
   rounds_replayed rounds run twice because of them
   seconds_lost    wall time from the start of the failed attempt to its failure
   hosts, nodes    which hosts and nodes were lost
+  replans         client actors laid out anew on the nodes left (rows "re-planned: ..."),
+                  not faults themselves
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from raymtl.metrics.recorder import Recorder
 
 @table_reporter("faults")
 def report_faults(run_dir: Path, summary: dict) -> None:
-    faults = Recorder.load(run_dir).table("faults")
-    if faults.empty:
+    rows = Recorder.load(run_dir).table("faults")
+    if rows.empty:
         return
+    replanned = rows["action"].str.startswith("re-planned")
+    faults = rows[~replanned]
     attempts = faults.drop_duplicates(["seed", "recovery"])
     recovered = attempts[attempts["action"].str.startswith("rolled back")]
     summary["faults"] = {
@@ -32,4 +36,5 @@ def report_faults(run_dir: Path, summary: dict) -> None:
         "seconds_lost": float(attempts["seconds_lost"].sum()),
         "hosts": sorted(faults["host"].unique().tolist()),
         "nodes": sorted(faults["node"].unique().tolist()),
+        "replans": int(replanned.sum()),
     }
