@@ -9,6 +9,7 @@ comparison adds one table (table.csv, summary.json) and, unless every experiment
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -24,6 +25,8 @@ from raymtl.metrics.delta import delta_table, local_reference, record_deltas
 from raymtl.metrics.tasks import task_table
 from raymtl.python_api import Experiment, Results, raw_experiment, run
 from raymtl.runtime_paths import make_directory
+
+NAN = math.nan
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def check_same_setting(configs: list[ExperimentConfig]) -> None:
     """A comparison is only fair on the same data partition and seeds."""
     first = configs[0]
     for other in configs[1:]:
-        for field in ("data", "seeds", "rounds"):
+        for field in ("data", "seeds", "rounds", "metrics"):  # metrics: the same target
             if getattr(other, field) != getattr(first, field):
                 raise ConfigError(
                     f"{field}: '{other.name}' differs from '{first.name}' (compare needs the same)"
@@ -127,14 +130,31 @@ def comparison_dir(configs: list[ExperimentConfig], out: str | Path | None) -> P
 
 
 def final_table(summaries: list[dict]) -> pd.DataFrame:
-    """One row per experiment: each final figure's mean and std over seeds."""
+    """One row per experiment: each final figure's mean and std over seeds, the peak memory
+    of the run's processes (bytes, mean over seeds) and, with `metrics.target`, the share of
+    seeds that reached it and the rounds and bits they needed (NaN: no seed reached it)."""
     rows = []
+    with_target = any("target" in summary for summary in summaries)
     for summary in summaries:
         row = {"experiment": summary["algorithm"]}
         for key, value in summary["final"].items():
             row[f"{key}_mean"], row[f"{key}_std"] = value["mean"], value["std"]
+        peak_memory = summary.get("peak_memory")
+        row["peak_memory_bytes"] = peak_memory["total_bytes"]["mean"] if peak_memory else NAN
+        if with_target:
+            row.update(target_columns(summary.get("target")))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def target_columns(target: dict | None) -> dict[str, float]:
+    """table.csv's figures of reaching the target: NaN where no seed reached it."""
+    columns = {"target_reached": target["reached"] if target else NAN}
+    for figure in ("rounds", "bits"):
+        stat = (target or {}).get(figure) or {"mean": NAN, "std": NAN}
+        columns[f"target_{figure}_mean"] = stat["mean"]
+        columns[f"target_{figure}_std"] = stat["std"]
+    return columns
 
 
 def task_final_table(summaries: list[dict]) -> pd.DataFrame:

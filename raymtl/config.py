@@ -39,6 +39,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "ExperimentConfig",
+    "MetricsConfig",
     "ModelConfig",
     "OutputConfig",
     "PartitionConfig",
@@ -166,6 +167,30 @@ class OutputConfig(Section):
     plots: bool = True
 
 
+class MetricsConfig(Section):
+    """What the summaries measure beyond the final round: the cost of reaching a target."""
+
+    target: float | None = Field(
+        None,
+        description="the value of `metric` to reach (e.g. 0.8); the summary gives the rounds, "
+        "bits and wall time each seed needed, or 'not reached'; null = no target",
+    )
+    metric: Literal["mean_accuracy", "worst10_accuracy", "worst20_accuracy", "mean_loss"] = Field(
+        "mean_accuracy",
+        description="the rounds.parquet column the target is on: reached when it is >= target "
+        "(<= target for mean_loss)",
+    )
+
+    @model_validator(mode="after")
+    def _accuracy_target_is_a_fraction(self) -> MetricsConfig:
+        accuracy = self.metric != "mean_loss"
+        if accuracy and self.target is not None and not 0 < self.target <= 1:
+            raise ValueError(
+                f"target: {self.target} is not an accuracy in (0, 1]; give a fraction, e.g. 0.8"
+            )
+        return self
+
+
 class ExperimentConfig(Section):
     plugins: list[str] = Field(
         default_factory=list,
@@ -187,6 +212,7 @@ class ExperimentConfig(Section):
     checkpoint_every: int = Field(5, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     output: OutputConfig = OutputConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
     @field_validator("name")
     @classmethod

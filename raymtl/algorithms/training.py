@@ -52,11 +52,13 @@ def local_sgd(
     seed: int,
     loss_fn: LossHook | None = None,
     task: TaskSpec | None = None,
+    max_steps: int | None = None,
 ) -> float:
     """`params.epochs` epochs of mini-batch training in place; returns the mean batch loss.
 
     The loss is `loss_fn` when given, else the task's (cross-entropy without a task); the
     optimiser is the task's (fresh every call), else SGD with the algorithm's settings.
+    `max_steps` ends the schedule after that many steps (partial work: FedProx's stragglers).
     """
     if loss_fn is None:
         loss_fn = lambda net, x, y: task_loss(task, net(x), y)  # noqa: E731
@@ -68,6 +70,8 @@ def local_sgd(
     for _ in range(params.epochs):
         order = torch.randperm(len(train_y), generator=order_rng)
         for batch in order.split(params.batch_size):
+            if max_steps is not None and len(losses) >= max_steps:
+                break
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model, train_x[batch], train_y[batch])
             loss.backward()

@@ -11,6 +11,12 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from raymtl.metrics.costs import (
+    LOWER_IS_BETTER,
+    format_bytes,
+    peak_memory_summary,
+    target_summary,
+)
 from raymtl.metrics.plots import plot_run
 from raymtl.metrics.recorder import Recorder
 from raymtl.metrics.statistics import evaluated_rounds, mean_and_std
@@ -50,13 +56,18 @@ def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
     return summary
 
 
-def summarize(run_dir: Path, algorithm: str) -> dict:
+def summarize(run_dir: Path, algorithm: str, config: dict | None = None) -> dict:
     """Summarize a run's final round per seed and across seeds; also writes summary.json.
 
     Seeds without any evaluated round are left out. Across-seed std is population std.
+    `config`: the run's configuration as a mapping (default: its config.yaml); its
+    `metrics.target` adds the cost of reaching the target (`target`), and hosts.parquet the
+    peak memory of the run's processes (`peak_memory`).
     """
     run_dir = Path(run_dir)
-    rounds = Recorder.load(run_dir).rounds()
+    config = run_config(run_dir) if config is None else config
+    recorder = Recorder.load(run_dir)
+    rounds = recorder.rounds()
     per_seed = []
     for seed, seed_rounds in rounds.groupby("seed"):
         seed_result = seed_summary(int(seed), seed_rounds)
@@ -72,7 +83,15 @@ def summarize(run_dir: Path, algorithm: str) -> dict:
         },
         "per_seed": per_seed,
     }
-    clients = Recorder.load(run_dir).clients()
+    metrics = config.get("metrics") or {}
+    if metrics.get("target") is not None:
+        metric = metrics.get("metric", "mean_accuracy")
+        summary["target"] = target_summary(rounds, summary["seeds"], metric, metrics["target"])
+    one_process = (config.get("runtime") or {}).get("executor") == "inline"
+    peak_memory = peak_memory_summary(recorder.table("hosts"), summary["seeds"], one_process)
+    if peak_memory is not None:
+        summary["peak_memory"] = peak_memory
+    clients = recorder.clients()
     if has_tasks(clients):
         summary["tasks"] = task_summary(clients)
     report_extra_tables(run_dir, summary)  # algorithm tables add their own figures
@@ -110,14 +129,59 @@ def format_seconds(seconds: float) -> str:
     return f"{int(minutes)} m {remainder:04.1f} s"
 
 
+def reached_share(target: dict) -> str:
+    """' (k/n seeds)' when only some seeds reached the target; '' when all did."""
+    if target["seeds_reached"] == target["seeds"]:
+        return ""
+    return f" ({target['seeds_reached']}/{target['seeds']} seeds)"
+
+
+def format_rounds_to_target(target: dict | None) -> str:
+    """Rounds to the target, mean ± std over the seeds that reached it."""
+    if target is None:
+        return "-"
+    if target["rounds"] is None:
+        return "not reached"
+    rounds = target["rounds"]
+    return f"{rounds['mean']:.1f}±{rounds['std']:.1f}{reached_share(target)}"
+
+
+def format_bits_to_target(target: dict | None) -> str:
+    """Bits sent until the target was reached, mean over the seeds that reached it."""
+    if target is None:
+        return "-"
+    if target["bits"] is None:
+        return "not reached"
+    return f"{format_bits(target['bits']['mean'])}{reached_share(target)}"
+
+
+def target_caption(summaries: list[dict]) -> str | None:
+    """'target: mean_accuracy >= 0.8' (one line per distinct target), or None."""
+    targets = {(s["target"]["metric"], s["target"]["target"]) for s in summaries if "target" in s}
+    lines = [
+        f"target: {metric} {'<=' if metric in LOWER_IS_BETTER else '>='} {value:g}"
+        for metric, value in sorted(targets)
+    ]
+    return "\n".join(lines) or None
+
+
 def results_table(summaries: list[dict], title: str) -> Table:
-    """One row per algorithm: accuracies (%, mean ± std over seeds), total bits, wall time."""
-    table = Table(title=title, title_justify="left")
+    """One row per algorithm: accuracies (%, mean ± std over seeds), total bits, wall time,
+    the peak memory of the run's processes and, with `metrics.target`, the rounds and bits
+    to reach the target."""
+    table = Table(title=title, title_justify="left", caption=target_caption(summaries))
     table.add_column("Experiment", style="bold", no_wrap=True)
     for header in ("Seeds", "Acc %", "Worst10 %", "Worst20 %", "Std %"):
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("Bits", justify="right", no_wrap=True)
     table.add_column("Time", justify="right", no_wrap=True)
+    with_memory = any("peak_memory" in summary for summary in summaries)
+    if with_memory:  # the sum over the run's processes, mean over seeds
+        table.add_column("Peak mem", justify="right", no_wrap=True)
+    with_target = any("target" in summary for summary in summaries)
+    if with_target:
+        table.add_column("Rounds to target", justify="right", no_wrap=True)
+        table.add_column("Bits to target", justify="right", no_wrap=True)
     faulty = any("faults" in summary for summary in summaries)
     if faulty:  # lost hosts: each a roll-back to the last checkpoint and a replay
         table.add_column("Faults", justify="right", no_wrap=True)
@@ -125,6 +189,10 @@ def results_table(summaries: list[dict], title: str) -> Table:
         final = summary["final"]
         faults = summary.get("faults", {})
         recovered = f"{faults.get('recoveries', 0)} ({faults.get('rounds_replayed', 0)} replayed)"
+        peak_memory = summary.get("peak_memory")
+        memory = format_bytes(peak_memory["total_bytes"]["mean"]) if peak_memory else "-"
+        target = summary.get("target")
+        to_target = [format_rounds_to_target(target), format_bits_to_target(target)]
         table.add_row(
             summary["algorithm"],
             str(len(summary["seeds"])),
@@ -134,17 +202,27 @@ def results_table(summaries: list[dict], title: str) -> Table:
             format_percent(final["std_accuracy"]),
             format_bits(final["total_bits"]["mean"]),
             format_seconds(final["wall_time"]["mean"]),
+            *([memory] if with_memory else []),
+            *(to_target if with_target else []),
             *([recovered] if faulty else []),
         )
     return table
 
 
-def algorithm_name(run_dir: Path) -> str:
-    """``algorithm.name`` from the run's config.yaml (the folder name if it is not there)."""
+def run_config(run_dir: Path) -> dict:
+    """The run's config.yaml as a mapping (empty when it has none)."""
     config_path = Path(run_dir) / "config.yaml"
     if not config_path.exists():
+        return {}
+    config = yaml.safe_load(config_path.read_text())
+    return config if isinstance(config, dict) else {}
+
+
+def algorithm_name(run_dir: Path) -> str:
+    """``algorithm.name`` from the run's config.yaml (the folder name if it is not there)."""
+    config = run_config(run_dir)
+    if not config:
         return Path(run_dir).name
-    config = yaml.safe_load(config_path.read_text()) or {}
     algorithm = config.get("algorithm", {})
     # Tolerate ``algorithm: name`` as well as ``algorithm: {name: ...}``.
     if isinstance(algorithm, str):

@@ -188,7 +188,7 @@ def finish_run(cfg: ExperimentConfig, run_dir: Path, store: Location, callbacks=
     to where the run lives, then the callbacks' on_run_end."""
     from raymtl.metrics import plot_run, summarize
 
-    summarize(run_dir, cfg.algorithm.name)
+    summarize(run_dir, cfg.algorithm.name, cfg.model_dump(mode="json"))
     if cfg.output.plots:
         plot_run(run_dir)
     publish(run_dir, store)

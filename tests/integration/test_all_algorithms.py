@@ -94,6 +94,13 @@ def star(fraction: float = 1.0) -> list[tuple[int, int]]:
     return [(bits, bits)] * ROUNDS
 
 
+def ifca(clusters: int = 4, fraction: float = 1.0) -> list[tuple[int, int]]:
+    """K cluster models to each sampled client, its model and its pick ĵ (one int64) back;
+    after the cluster-wise average, K models to every client for its evaluation (counted)."""
+    s = sampled(fraction)
+    return [(s * (P * 32 + 64), (s + N) * clusters * P * 32)] * ROUNDS
+
+
 def hierarchy() -> tuple[int, int]:
     """Every user's model to its LPS and back; each LPS's common layers to the GPS and back."""
     bits = (N * P + 2 * COMMON) * 32
@@ -148,6 +155,11 @@ BITS = {
     "fedavg": star(),
     "fedavgm": star(),
     "pfedme": star(),
+    "ditto": star(),  # only the global w travels; personal models stay
+    "per_fedavg": star(),
+    "fedprox": star(),
+    "fedrep": [(sampled(0.1) * BACKBONE * 32,) * 2] * ROUNDS,  # the body, down and up
+    "ifca": ifca(),
     "fedu": star(),
     "local": [(0, 0)] * ROUNDS,
     "dpsgd": [(2 * N * P * 32, 0)] * ROUNDS,

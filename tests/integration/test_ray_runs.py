@@ -105,6 +105,11 @@ def test_resume_reproduces_the_uninterrupted_run(ray_session, make_config, tmp_p
 # the GraphActor on Ray and in-process inline; results must not depend on where.
 PARITY = {
     "fedavg": {},
+    "ditto": {},
+    "per_fedavg": {"algorithm.params": {"alpha": 0.05, "beta": 0.1}},
+    "fedrep": {"algorithm.params": {"head_epochs": 2, "sample_fraction": 0.5}},
+    "fedprox": {"algorithm.params": {"mu": 0.1, "straggler_fraction": 0.5}},
+    "ifca": {"algorithm.params": {"epochs": 1, "clusters": 3, "sample_fraction": 0.5}},
     "dpsgd": {},
     "sfmtl_graph": {"algorithm.params": {"epochs": 1}},
     "oneshot_hfl": {"topology.kind": "hierarchical", "topology.num_lps": 2},

@@ -33,7 +33,7 @@ def test_defaults_resolve_the_topology_from_the_algorithm(make_config):
         ({"data.colour": "red"}, "data.colour: unknown key"),
         ({"rounds": "many"}, "rounds:"),
         ({"rounds": 0}, "rounds:"),
-        ({"algorithm.name": "fedprox"}, "algorithm.name: 'fedprox' is not one of"),
+        ({"algorithm.name": "fedsgd"}, "algorithm.name: 'fedsgd' is not one of"),
         ({"algorithm.params": {"lr": -1}}, "algorithm.params.lr:"),
         ({"algorithm.params": {"momentun": 0.9}}, "algorithm.params.momentun: unknown key"),
         ({"topology.kind": "ring"}, "topology.kind: fedavg runs on star"),
@@ -44,10 +44,23 @@ def test_defaults_resolve_the_topology_from_the_algorithm(make_config):
         ({"runtime.clients_per_actor": 0}, "runtime.clients_per_actor: 0 clients an actor"),
         ({"runtime.memory_budget": -1}, "runtime.memory_budget: -1 is not a positive size"),
         ({"runtime.memory_budget": "ten"}, "runtime.memory_budget: 'ten' is not a size"),
+        ({"metrics.target": 80}, "metrics.target: 80.0 is not an accuracy in (0, 1]"),
+        ({"metrics.target": 0}, "metrics.target: 0.0 is not an accuracy in (0, 1]"),
+        ({"metrics.target": float("inf")}, "metrics.target:"),
+        ({"metrics.target": "high"}, "metrics.target:"),
+        ({"metrics.metric": "f1"}, "metrics.metric:"),
+        ({"metrics.goal": 0.8}, "metrics.goal: unknown key"),
     ],
 )
 def test_one_line_errors_name_the_field(tmp_path, overrides, field):
     assert field in rejected(tmp_path, **overrides)
+
+
+def test_metrics_target_defaults_to_none_and_a_loss_target_may_exceed_one(make_config):
+    assert make_config().metrics.target is None
+    assert make_config().metrics.metric == "mean_accuracy"
+    metrics = make_config(**{"metrics.target": 1.5, "metrics.metric": "mean_loss"}).metrics
+    assert (metrics.target, metrics.metric) == (1.5, "mean_loss")
 
 
 def test_more_lps_than_clients_is_rejected(tmp_path):
