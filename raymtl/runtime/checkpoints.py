@@ -238,7 +238,7 @@ def read_blob(
             map_location=device,
             weights_only=True,  # tensors and plain data only: a file cannot run code
         )
-    except pickle.UnpicklingError:  # torch's text would advise weights_only=False: never
+    except pickle.UnpicklingError:  # our own line: never torch's advice to turn the guard off
         raise DamagedCheckpoint(
             location.uri, "holds objects other than tensors and plain data (refused unread)"
         ) from None

@@ -153,7 +153,7 @@ def test_checkpoints_written_before_checksums_still_load(runs, tmp_path):
 
 def test_a_planted_pickle_under_an_old_manifest_is_refused_unread(runs, tmp_path, caplog):
     """No checksum to catch it: torch's weights-only load refuses it, and the line says so
-    without torch's advice to load it with weights_only=False."""
+    without torch's advice to load it unsafely."""
     whole, broken = runs
     run_dir = copy_of(broken, tmp_path)
     round3 = run_dir / "checkpoints" / "seed0" / "round00003"

@@ -112,7 +112,9 @@ def test_a_tensor_archive_holding_other_objects_is_refused_unread(tmp_path):
         read_blob(location, "cpu", "local")
     message = "holds objects other than tensors and plain data (refused unread)"
     assert str(damaged.value) == f"checkpoint file {location} {message}"
-    assert damaged.value.__suppress_context__  # torch's text (weights_only=False) is not shown
+    assert (
+        damaged.value.__suppress_context__
+    )  # torch's text (and its advice to load unsafely) is not shown
     truncated = location.read_bytes()[:-100]
     location.write_bytes(truncated)
     with pytest.raises(DamagedCheckpoint, match="server.pt is not a checkpoint raymtl wrote"):
