@@ -7,9 +7,13 @@ Reads a comparison directory written by
 
 (or runs one with --run, a few rounds and one seed) and prints one row per algorithm:
 seconds per round (the rounds after the first, whose set-up includes drawing the maps), the
-first round, the peak resident memory of the largest client actor (hosts.parquet), the
-maps' memory the run printed before it started (from the algorithm's own estimate), and the
-bits per directed edge and round.
+first round, the seconds the largest actor spent drawing maps (map_draws.parquet; runs
+written before it was logged: "-"), the peak resident memory of the largest client actor
+(hosts.parquet), and the bits per directed edge and round. A second table gives every
+client actor of every seed: the bytes of maps its clients hold (map_draws.parquet, else from
+the projections' sizes: d_ij = bits / 64 a round, d_i = the model's parameters) and its
+peak resident memory above them. Clients sit on actors in contiguous blocks, as many as
+hosts.parquet lists (runtime.clients_per_actor when the run set it).
 
     python benchmarks/sheaf_memory.py --compare-dir runs/sheaf_rotated
     python benchmarks/sheaf_memory.py --run --rounds 4
@@ -18,11 +22,13 @@ bits per directed edge and round.
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 JOB = "jobs/sheaf_fmtl_rotated_fmnist.yaml"
 
@@ -46,17 +52,71 @@ def edge_bits(messages: pd.DataFrame) -> float:
     return float(sent.groupby(["seed", "round", "src", "dst"])["bits"].sum().mean())
 
 
-def row(run_dir: Path) -> dict:
-    rounds = pd.read_parquet(run_dir / "rounds.parquet")
+def client_maps(run_dir: Path) -> pd.DataFrame:
+    """Bytes of maps each client holds, by (seed, client); empty for runs without maps."""
+    draws = run_dir / "map_draws.parquet"
+    if draws.is_file():
+        table = pd.read_parquet(draws)
+        return table.rename(columns={"i": "client"})[["seed", "client", "bytes", "seconds"]]
+    messages = pd.read_parquet(run_dir / "messages.parquet")
+    sent = messages[(messages["kind"] == "projection") & (messages["round"] == 1)]
+    if sent.empty:
+        return pd.DataFrame(columns=["seed", "client", "bytes", "seconds"])
+    d_ij = sent.groupby(["seed", "src", "dst"])["bits"].sum() // 64  # two sends of d_ij floats
+    clients = pd.read_parquet(run_dir / "clients.parquet")
+    d_i = clients.drop_duplicates(["seed", "client"]).set_index(["seed", "client"])
+    rows = []
+    for (seed, src, _), rows_ij in d_ij.items():
+        client = int(src.split("/")[1])
+        rows.append((seed, client, 4 * int(rows_ij) * int(d_i.loc[(seed, client), "model_params"])))
+    table = pd.DataFrame(rows, columns=["seed", "client", "bytes"])
+    table = table.groupby(["seed", "client"], as_index=False)["bytes"].sum()
+    return table.assign(seconds=float("nan"))
+
+
+def host_of(run_dir: Path, actors: int) -> dict[int, str]:
+    """Client -> its actor's name: contiguous blocks (planning.group_blocks)."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    n = config["data"]["num_clients"]
+    per_actor = config.get("runtime", {}).get("clients_per_actor", "auto")
+    if per_actor == "auto":
+        per_actor = math.ceil(n / actors)
+    return {i: f"clients-{i // per_actor}" for i in range(n)}
+
+
+def actor_memory(run_dir: Path) -> pd.DataFrame:
+    """Each client actor of each seed: maps held, peak resident memory, the difference."""
     hosts = pd.read_parquet(run_dir / "hosts.parquet")
-    clients = hosts[hosts["host"].str.startswith("clients")]
+    hosts = hosts[hosts["host"].str.startswith("clients")]
+    maps = client_maps(run_dir)
+    placed = host_of(run_dir, hosts["host"].nunique())
+    maps = maps.assign(host=maps["client"].map(placed))
+    held = maps.groupby(["seed", "host"])[["bytes", "seconds"]].sum(min_count=1).reset_index()
+    table = hosts.merge(held, on=["seed", "host"], how="left").fillna({"bytes": 0})
+    return pd.DataFrame(
+        {
+            "run": run_dir.name,
+            "seed": table["seed"],
+            "actor": table["host"],
+            "maps GB": (table["bytes"] / 1e9).round(2),
+            "peak GB": (table["peak_rss"] / 1e9).round(2),
+            "above maps GB": ((table["peak_rss"] - table["bytes"]) / 1e9).round(2),
+            "drawing s": table["seconds"].round(1),
+        }
+    )
+
+
+def row(run_dir: Path, actors: pd.DataFrame) -> dict:
+    rounds = pd.read_parquet(run_dir / "rounds.parquet")
     later, first = per_round_seconds(rounds)
+    drawing = actors["drawing s"].max()
     return {
         "run": run_dir.name,
         "s/round": round(later, 2),
         "round 1 s": round(first, 1),
-        "peak GB per client actor": round(clients["peak_rss"].max() / 1e9, 2),
-        "client actors": int(clients["host"].nunique()),
+        "drawing s (largest actor)": "-" if pd.isna(drawing) else round(float(drawing), 1),
+        "peak GB per client actor": actors["peak GB"].max(),
+        "client actors": int(actors["actor"].nunique()),
         "bits per edge and round": int(edge_bits(pd.read_parquet(run_dir / "messages.parquet"))),
     }
 
@@ -68,13 +128,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     if args.run:
-        command = ["raymtl", "compare", JOB, "algorithm.name=sheaf_fmtl,dfedu", "seeds=[0]",
-                   f"rounds={args.rounds}", "--out", str(args.compare_dir)]  # fmt: skip
+        command = ["raymtl", "compare", JOB, "algorithm.name=sheaf_fmtl,dfedu", "seeds=[0]"]
+        command += [f"rounds={args.rounds}", "--out", str(args.compare_dir)]
         subprocess.run(command, check=True)
     runs = sorted(p for p in args.compare_dir.iterdir() if (p / "hosts.parquet").is_file())
     if not runs:
         sys.exit(f"no runs with hosts.parquet under {args.compare_dir}")
-    print(pd.DataFrame([row(run) for run in runs]).to_string(index=False))
+    actors = {run: actor_memory(run) for run in runs}
+    print(pd.DataFrame([row(run, actors[run]) for run in runs]).to_string(index=False))
+    print()
+    print(pd.concat(actors.values()).to_string(index=False))
 
 
 if __name__ == "__main__":

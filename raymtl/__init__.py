@@ -8,6 +8,8 @@ From Python, as from the command line:
     results.summary["final"]         # summary.json
     comparison = raymtl.compare(["jobs/fedavg_digits.yaml"], ["algorithm.name=fedavg,local"])
     comparison.table                 # table.csv
+    sweep = raymtl.tune("jobs/fedavg_digits.yaml", ["algorithm.params.lr=loguniform(1e-3, 1e-1)"])
+    sweep.table, sweep.best_file     # the trials, best first; best.yaml (raymtl run it)
 
 An experiment is an `ExperimentConfig`, a mapping or a YAML path; `callbacks=[...]` run after
 every round (`raymtl.Callback`); `raymtl.Federation(cfg)` runs one seed round by round; the
@@ -27,6 +29,8 @@ EXPORTS = {
     "load_results": "raymtl.python_api",
     "Results": "raymtl.python_api",
     "compare": "raymtl.comparison",
+    "tune": "raymtl.tuning",
+    "Sweep": "raymtl.tuning",
     "Comparison": "raymtl.comparison",
     "ExperimentConfig": "raymtl.config",
     "ConfigError": "raymtl.config",

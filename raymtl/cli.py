@@ -1,7 +1,8 @@
-"""`raymtl run | compare | report | list`.
+"""`raymtl run | compare | tune | report | list`.
 
-`run` and `compare` are `raymtl.run` / `raymtl.resume` / `raymtl.compare` with a progress bar
-(a `Callback`) and printed tables: one code path for Python and the command line. Every user
+`run`, `compare` and `tune` are `raymtl.run` / `raymtl.resume` / `raymtl.compare` /
+`raymtl.tune` with a progress bar (a `Callback`) and printed tables: one code path for Python
+and the command line. Every user
 error (bad experiment file, impossible combination, missing dataset) is one line on stderr and
 exit code 2, a run that cannot go on (recoveries used up, actors the cluster cannot place) one
 line and exit code 3 — never a traceback.
@@ -133,6 +134,16 @@ def print_results(results) -> None:
 def compare(
     items: Annotated[list[str], typer.Argument(help="experiment files and a.b=v overrides")],
     out: Annotated[Path | None, typer.Option(help="comparison directory")] = None,
+    parallel: Annotated[
+        str,
+        typer.Option(
+            help="run the experiments' seeds as Ray Tune trials, this many at once ('auto': "
+            "as many as the cluster holds); 1 = one after another, here"
+        ),
+    ] = "1",
+    max_failures: Annotated[
+        int, typer.Option(help="with --parallel: retries of a failed trial, from its checkpoint")
+    ] = 2,
 ) -> None:
     """Run several experiments (or `algorithm.name=a,b`) on the same data and seeds."""
     with user_errors():
@@ -140,9 +151,67 @@ def compare(
         overrides = [item for item in items if "=" in item]
         with progress_bar() as progress:
             comparison = raymtl.compare(
-                files, overrides, out=out, callbacks=[RoundProgress(progress)]
+                files,
+                overrides,
+                out=out,
+                callbacks=[RoundProgress(progress)],
+                parallel=parallel,
+                max_failures=max_failures,
             )
         print_comparison(comparison, console)
+
+
+@app.command()
+def tune(
+    file: Annotated[str, typer.Argument(help="experiment YAML")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="a.b=value overrides")] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a setting to sweep, key.path=kind(values): uniform(low, high), "
+            "loguniform(low, high), randint(low, high), choice(a, b, ...), grid(a, b, ...); "
+            "repeatable"
+        ),
+    ] = None,
+    samples: Annotated[
+        int | None,
+        typer.Option(help="trials drawn (random search; default 8) or repeats of the grid"),
+    ] = None,
+    metric: Annotated[str, typer.Option(help="a figure of the rounds")] = "mean_accuracy",
+    mode: Annotated[str, typer.Option(help="max or min")] = "max",
+    scheduler: Annotated[
+        str, typer.Option(help="fifo, or asha: stop trials that fall behind early")
+    ] = "fifo",
+    search: Annotated[
+        str, typer.Option(help="random, or grid (every choice(...) a grid too)")
+    ] = "random",
+    out: Annotated[Path | None, typer.Option(help="sweep directory")] = None,
+    parallel: Annotated[
+        str, typer.Option(help="trials at once ('auto': as many as the cluster holds)")
+    ] = "auto",
+) -> None:
+    """Sweep settings of one experiment with Ray Tune; writes the best as an experiment file."""
+    from raymtl.tuning import print_sweep
+
+    with user_errors():
+        if not param:
+            fail(
+                "--param: give at least one setting to sweep, e.g. "
+                '--param "algorithm.params.lr=loguniform(1e-3, 1e-1)"'
+            )
+        sweep = raymtl.tune(
+            file,
+            param,
+            overrides or [],
+            samples=samples,
+            metric=metric,
+            mode=mode,
+            scheduler=scheduler,
+            search=search,
+            out=out,
+            parallel=parallel,
+        )
+        print_sweep(sweep, console)
 
 
 @app.command()

@@ -44,13 +44,32 @@ def compare(
     overrides: Iterable[str] = (),
     out: str | Path | None = None,
     callbacks: Iterable[Callback] = (),
+    parallel: int | str = 1,
+    max_failures: int | None = None,
 ) -> Comparison:
     """Run every experiment (configs, mappings or YAML paths; `a.b=x,y` in `overrides` fans
-    each out) into `out` (default <output.dir>/compare-<time>) and tabulate them."""
+    each out) into `out` (default <output.dir>/compare-<time>) and tabulate them.
+
+    `parallel`: 1 runs them one after another here; N (or 'auto': as many as the cluster's
+    resources hold) runs every (experiment, seed) as a Ray Tune trial in a placement group
+    of its own, N at a time, into the same files (runtime/trials.py); a failed trial is
+    retried `max_failures` times from its checkpoint. Callbacks then run here as the trials
+    report their rounds; returning True from on_round_end cannot stop a trial."""
+    from raymtl.runtime.trials import DEFAULT_MAX_FAILURES, parse_parallel
+
     configs = expand_experiments(list(experiments), list(overrides))
+    parallel = parse_parallel(parallel)
     out = comparison_dir(configs, out)
     callbacks = tuple(callbacks)
-    runs = {cfg.name: run(cfg, callbacks=callbacks, run_dir=out / cfg.name) for cfg in configs}
+    if parallel == 1:
+        runs = {cfg.name: run(cfg, callbacks=callbacks, run_dir=out / cfg.name) for cfg in configs}
+    else:
+        from raymtl.python_api import results_of
+        from raymtl.runtime.trials import run_seed_trials
+
+        failures = DEFAULT_MAX_FAILURES if max_failures is None else max_failures
+        run_dirs = run_seed_trials(configs, out, parallel, callbacks, failures)
+        runs = {name: results_of(run_dir) for name, run_dir in run_dirs.items()}
     summaries = [{**results.summary, "algorithm": name} for name, results in runs.items()]
     reference = local_reference(configs)
     if reference is not None:  # Δ%: each arm's mean relative gain over Local across clients
@@ -75,8 +94,9 @@ def compare(
 def expand_experiments(
     experiments: list[Experiment], overrides: list[str] = ()
 ) -> list[ExperimentConfig]:
-    """Experiments and `a.b=v` overrides -> configs; `a.b=x,y` fans each experiment out into
-    several, named `<name>-<value>` (a file without a name: its stem)."""
+    """Experiments and `a.b=v` overrides -> configs; a comparison file's `arms` are one
+    experiment each (`arms_of`); `a.b=x,y` fans each experiment out into several, named
+    `<name>-<value>` (a file without a name: its stem)."""
     if not experiments:
         raise ConfigError("compare: give at least one experiment")
     fan_key, fan_values = None, [None]
@@ -90,17 +110,37 @@ def expand_experiments(
     fixed = [item for item in overrides if not item.startswith(f"{fan_key}=")]
     configs = []
     for experiment in experiments:
-        base = raw_experiment(experiment, fixed)
+        base = raw_experiment(experiment)
         if isinstance(experiment, str | Path):
             base.setdefault("name", Path(experiment).stem)
-        for value in fan_values:
-            raw = raw_experiment(base)  # a copy per value
-            if fan_key is not None:
-                apply_override(raw, f"{fan_key}={value}")
-                raw["name"] = f"{raw.get('name', 'experiment')}-{value}"
-            configs.append(parse_config(raw))
+        for arm in arms_of(base):
+            arm = raw_experiment(arm, fixed)  # the overrides apply to every arm
+            for value in fan_values:
+                raw = raw_experiment(arm)  # a copy per value
+                if fan_key is not None:
+                    apply_override(raw, f"{fan_key}={value}")
+                    raw["name"] = f"{raw.get('name', 'experiment')}-{value}"
+                configs.append(parse_config(raw))
     check_same_setting(configs)
     return configs
+
+
+def arms_of(base: dict) -> list[dict]:
+    """A comparison file's experiments: one per entry of its `arms` mapping (arm name ->
+    sections), named after the arm, each section of the arm replacing the base's section of
+    that name whole (an arm's `algorithm` brings its own params); the file itself when it
+    has no arms."""
+    arms = base.pop("arms", None)
+    if arms is None:
+        return [base]
+    if not isinstance(arms, dict) or not arms:
+        raise ConfigError("arms: give a mapping of arm name -> the sections it replaces")
+    experiments = []
+    for name, sections in arms.items():
+        if not isinstance(sections, dict):
+            raise ConfigError(f"arms.{name}: give the sections it replaces (a mapping)")
+        experiments.append({**base, **sections, "name": str(name)})
+    return experiments
 
 
 def check_same_setting(configs: list[ExperimentConfig]) -> None:
@@ -132,7 +172,8 @@ def comparison_dir(configs: list[ExperimentConfig], out: str | Path | None) -> P
 def final_table(summaries: list[dict]) -> pd.DataFrame:
     """One row per experiment: each final figure's mean and std over seeds, the peak memory
     of the run's processes (bytes, mean over seeds) and, with `metrics.target`, the share of
-    seeds that reached it and the rounds and bits they needed (NaN: no seed reached it)."""
+    seeds that reached it and the rounds, bits and FLOPs they needed (NaN: no seed reached
+    it). The FLOPs are `total_flops_mean`/`_std` (raymtl/flops.py)."""
     rows = []
     with_target = any("target" in summary for summary in summaries)
     for summary in summaries:
@@ -150,7 +191,7 @@ def final_table(summaries: list[dict]) -> pd.DataFrame:
 def target_columns(target: dict | None) -> dict[str, float]:
     """table.csv's figures of reaching the target: NaN where no seed reached it."""
     columns = {"target_reached": target["reached"] if target else NAN}
-    for figure in ("rounds", "bits"):
+    for figure in ("rounds", "bits", "flops"):
         stat = (target or {}).get(figure) or {"mean": NAN, "std": NAN}
         columns[f"target_{figure}_mean"] = stat["mean"]
         columns[f"target_{figure}_std"] = stat["std"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -39,6 +39,8 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "ExperimentConfig",
+    "KillClients",
+    "KillHost",
     "MetricsConfig",
     "ModelConfig",
     "OutputConfig",
@@ -105,6 +107,28 @@ class TopologyConfig(Section):
     num_lps: int = Field(2, ge=1, description="hierarchical: local parameter servers")
 
 
+class KillClients(Section):
+    """`{kill: clients, share: 0.2, seed: 7}`: kill round(share x client actors) of the client
+    actors (at least one), each at the start of a round; actors and rounds drawn from `seed`."""
+
+    kill: Literal["clients"]
+    share: float = Field(gt=0, le=1, description="the share of the client actors to kill")
+    seed: int = Field(0, description="draws which actors, and at which rounds")
+
+
+class KillHost(Section):
+    """`{kill: host, host: clients-1, round: 3}`: kill the named host's actor at the start of
+    the round (hosts: clients-<k>, server, lps-<k>, graph, leader-<group>)."""
+
+    kill: Literal["host"]
+    host: str = Field(min_length=1, description="a host's name, as in hosts.parquet")
+    round: int = Field(ge=1, description="killed at the start of this round")
+
+
+# runtime.inject_faults entries: which one by `kill`.
+FaultSpec = Annotated[KillClients | KillHost, Field(discriminator="kill")]
+
+
 class RuntimeConfig(Section):
     executor: Literal["ray", "inline"] = "ray"
     address: str | None = Field(None, description="null = start a local Ray; 'auto' = join")
@@ -142,7 +166,46 @@ class RuntimeConfig(Section):
         description="seconds to wait for Ray to place the actors (or to declare a lost node "
         "dead) before the run stops with one line",
     )
+    autoscale: bool = Field(
+        False,
+        description="an autoscaling cluster: ask the autoscaler for the client actors' "
+        "resources (ray.autoscaler.sdk.request_resources) and wait for them up to "
+        "placement_timeout_s; needs a whole-number clients_per_actor",
+    )
+    inject_faults: list[FaultSpec] = Field(
+        default_factory=list,
+        description="faults on purpose (Ray executor): {kill: clients, share: 0.2, seed: 7} "
+        "or {kill: host, host: clients-1, round: 3}; each kills a Ray actor once",
+    )
     dashboard: bool = True
+
+    @field_validator("inject_faults", mode="before")
+    @classmethod
+    def _each_fault_says_what_it_kills(cls, value: Any) -> Any:
+        for index, fault in enumerate(value if isinstance(value, list) else []):
+            kill = fault.get("kill") if isinstance(fault, dict) else None
+            if kill not in ("clients", "host"):
+                raise ValueError(
+                    f"kill: {kill!r} (fault {index}) is not a fault; give {{kill: clients, "
+                    "share: 0.2, seed: 7} or {kill: host, host: clients-1, round: 3}"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _faults_and_autoscaling_need_ray(self) -> RuntimeConfig:
+        if self.inject_faults and self.executor != "ray":
+            raise ValueError(
+                "inject_faults: needs executor: ray (a fault kills a host's Ray actor; the "
+                "inline executor's hosts share this process)"
+            )
+        if self.autoscale and self.executor != "ray":
+            raise ValueError("autoscale: needs executor: ray")
+        if self.autoscale and self.clients_per_actor == "auto":
+            raise ValueError(
+                "autoscale: needs a whole-number clients_per_actor (auto sizes the federation "
+                "by the CPUs up now, so the autoscaler is never asked to grow)"
+            )
+        return self
 
     @field_validator("clients_per_actor")
     @classmethod
@@ -290,6 +353,10 @@ def parse_config(raw: dict) -> ExperimentConfig:
     """Validate a raw mapping (its plugins imported first); every failure is one ConfigError
     line. Relative plugin paths are looked up in the current folder (`load_raw` has made
     those of an experiment file absolute)."""
+    if isinstance(raw, dict) and "arms" in raw:
+        raise ConfigError(
+            "arms: this file is a comparison (one experiment per arm): run it with raymtl compare"
+        )
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as error:

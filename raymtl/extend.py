@@ -42,6 +42,7 @@ from raymtl.algorithms.training import (
     weighted_average,
 )
 from raymtl.data import Pool, register_dataset, register_partition
+from raymtl.flops import add_flops
 from raymtl.graph import register_topology
 from raymtl.models import FedModel, register_model
 from raymtl.tasks import Targets, register_target
@@ -60,6 +61,7 @@ __all__ = [
     "State",
     "StepContext",
     "Targets",
+    "add_flops",
     "by_sender",
     "client_name",
     "derive_seed",

@@ -152,6 +152,9 @@ class StepContext:
     seed: int
     sampled: tuple[int, ...]
     federation: FederationInfo
+    # Whether the clients are evaluated after this round (every `eval_every` rounds and the
+    # last): a step that sends models only for the evaluation skips them otherwise.
+    evaluated: bool = True
     records: list[tuple[str, dict]] = field(default_factory=list)
     # Roles held by a client this round (a ColNet task leader): participant -> client.
     holders: dict[str, int] = field(default_factory=dict)

@@ -41,6 +41,7 @@ from torch.nn.modules.dropout import _DropoutNd
 
 from raymtl.algorithms.base import LocalTrainingParams
 from raymtl.algorithms.training import params_optimizer
+from raymtl.flops import add_passes, paused
 from raymtl.tasks.objectives import task_loss
 from raymtl.tasks.spec import OptimizerSpec, TaskSpec
 
@@ -86,7 +87,8 @@ def local_sgd_batched(
     if n == 0:
         torch.manual_seed(seeds[-1])
         return [math.nan] * len(models)
-    trainable, fixed = _stacked_state(models, task, train_xs[0][:1], train_ys[0][:1])
+    with paused():  # work the serial path does not do: not counted
+        trainable, fixed = _stacked_state(models, task, train_xs[0][:1], train_ys[0][:1])
     step = vmap(grad_and_value(_client_loss(models[0], task)))
     xs, ys = torch.stack(train_xs), torch.stack(train_ys)
     rows = torch.arange(len(models), device=xs.device).unsqueeze(1)
@@ -96,7 +98,10 @@ def local_sgd_batched(
     for _ in range(params.epochs):
         orders = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(xs.device)
         for batch in orders.split(params.batch_size, dim=1):
-            grads, loss = step(trainable, fixed, xs[rows, batch], ys[rows, batch])
+            # The hooks would see one client's pass per vmapped call: count all K by hand.
+            add_passes(models[0], train_xs[0][: batch.shape[1]], True, len(models))
+            with paused():
+                grads, loss = step(trainable, fixed, xs[rows, batch], ys[rows, batch])
             if params.clip_grad is not None:
                 _clip_(grads, params.clip_grad)
             momenta = _sgd_step_(trainable, grads, momenta, spec)

@@ -9,6 +9,17 @@ FedU: on the server, N(k) = the sampled clients S_t; each k ∈ S_t gets its w_k
 dFedU: peer to peer, N(k) = k's neighbours in the communication graph.
 a_kl: `similarity: random` is the reference setting — a symmetric U(0,1) matrix drawn once
 per seed, entries < 0.25 set to 0; `ones` gives a_kl = 1; or a given N×N matrix.
+
+Matrix form (`laplacian_step`, also SFMTL-Graph's head step with a_kl = s_ij in a community):
+rows w_k of W (one per model, each flattened), A = (a_kl) with a_kk = 0 and a_kl = 0 where
+l sent no usable model, D = diag(A·1), L = D − A, s = η·λ·R:
+    W ← W − s·L·W = M·W,   M = I − s·L:  M_kk = 1 − s·Σ_l a_kl,  M_kl = s·a_kl
+One matrix product (torch.mm, BLAS) per block of columns of W replaces the loop over the
+pairs (k, l), three model-sized elementwise passes per pair: the same S²·d multiply-adds,
+but cache-blocked and vectorised instead of memory-bound. Only the rows being updated are
+computed, reading only the models they weight (dFedU: one row, k and its neighbours).
+Float32 results differ from the pairwise loop only by summation order
+(tests/unit/test_laplacian_matrix.py bounds the gap).
 """
 
 from __future__ import annotations
@@ -73,36 +84,156 @@ def similarity_matrix(params: FedUParams, num_clients: int, seed: int) -> np.nda
     return a
 
 
+# Reaching one entry of the random a_kl by PCG64.advance costs about as much as drawing 250
+# entries of the whole N×N matrix (measured: ≈ 5 µs against ≈ 20 ns); fewer entries than
+# N²/250 are reached one by one.
+DRAWS_PER_ENTRY = 250
+
+
+def similarity_rows(
+    params: FedUParams, num_clients: int, seed: int, rows: list[int], columns: list[int]
+) -> dict[int, dict[int, float]]:
+    """{k: {l: a_kl}} for k in `rows`, l ≠ k in `columns`: entries of `similarity_matrix`.
+
+    The random a_kl are reached one by one when far fewer than N² are needed (dFedU: one
+    row per client and round; FedU: |S_t|² of a large N), bit for bit the same values.
+    """
+    pairs = [(k, l_) for k in rows for l_ in columns if l_ != k]
+    if params.similarity == "random" and len(pairs) * DRAWS_PER_ENTRY < num_clients**2:
+        values = random_entries(num_clients, seed, pairs, params.threshold)
+    else:
+        a = similarity_matrix(params, num_clients, seed)
+        values = [float(a[k, l_]) for k, l_ in pairs]
+    out: dict[int, dict[int, float]] = {k: {} for k in rows}
+    for (k, l_), value in zip(pairs, values, strict=True):
+        out[k][l_] = value
+    return out
+
+
+def random_entries(
+    num_clients: int, seed: int, pairs: list[tuple[int, int]], threshold: float
+) -> list[float]:
+    """random_similarity's entries at `pairs`, without drawing the matrix.
+
+    Entry (i, j), i < j, is draw i·N + j of the seeded PCG64 stream (uniform(0, 1) takes one
+    64-bit draw per value, row-major), which PCG64.advance reaches in O(log) steps.
+    """
+    generator = np.random.PCG64(derive_seed(seed, "fedu-similarity"))
+    start = generator.state
+    values = []
+    for k, l_ in pairs:
+        generator.state = start
+        generator.advance(min(k, l_) * num_clients + max(k, l_))
+        value = float(np.random.Generator(generator).uniform(0.0, 1.0))
+        values.append(value if value >= threshold else 0.0)
+    return values
+
+
+# Values per stacked block (columns × block width): 4 MiB of float32, reused from block to
+# block with the product's. Blocks bound the temporary memory (a stacked copy of 100
+# cnn_mnist models would be another 660 MB, and one product as large again) and stay in
+# cache between stacking, product and copy-out (at 100 cnn_mnist clients, about half the
+# CPU time of one product over the whole models); each entry is the same sum over the same
+# columns whatever the width.
+BLOCK_VALUES = 1 << 20
+
+
 def laplacian_step(
     models: dict[int, Tensors], weights: dict[int, dict[int, float]], step: float
 ) -> dict[int, Tensors]:
     """w_k − step·Σ_l a_kl·(w_k − w_l) for every k of `weights`, all from the models as given.
 
     Simultaneous, not sequential: every update reads the models passed in, never one already
-    updated. Neighbours missing from `models` (dropped, non-finite) are skipped.
+    updated. Neighbours missing from `models` (dropped, non-finite), k itself and zero
+    weights are skipped: such a model is never read by that row, so a NaN in it does not
+    spread there. Only the rows of `weights` are computed (dFedU passes its own row only).
     """
-    updated, scratch = {}, {}
-    for k in sorted(weights):
-        own = models[k]
-        new = {name: value.clone() for name, value in own.items()}
-        for l_ in sorted(weights.get(k, {})):
-            a = weights[k][l_]
-            if l_ == k or a == 0 or l_ not in models:
-                continue
-            for name, value in new.items():
-                # (w_k − w_l)·(step·a) in one reused buffer: the same float operations as
-                # the plain expression, without two fresh model-sized tensors per pair (at
-                # 100 clients of a 1.7M-parameter CNN, the allocations cost more than the maths)
-                buffer = scratch.setdefault(name, torch.empty_like(own[name]))
-                torch.sub(own[name], models[l_][name], out=buffer)
-                value.sub_(buffer.mul_(step * a))
-        updated[k] = new
+    rows = sorted(weights)
+    used = {
+        k: {l_: a for l_, a in sorted(weights[k].items()) if l_ != k and a != 0 and l_ in models}
+        for k in rows
+    }
+    columns = sorted(set(rows).union(*used.values()))
+    mixing = mixing_matrix(rows, columns, used, step)
+    return mix_models(models, rows, columns, mixing)
+
+
+def mixing_matrix(
+    rows: list[int], columns: list[int], used: dict[int, dict[int, float]], step: float
+) -> np.ndarray:
+    """M = I − step·L restricted to `rows` × `columns` (float64), L = D − A.
+
+    M_kl = step·a_kl, M_kk = 1 − step·Σ_l a_kl: row k of M·W is w_k − step·Σ_l a_kl·(w_k − w_l).
+    """
+    position = {l_: c for c, l_ in enumerate(columns)}
+    mixing = np.zeros((len(rows), len(columns)))
+    for r, k in enumerate(rows):
+        for l_, a in used[k].items():
+            mixing[r, position[l_]] = step * a
+        mixing[r, position[k]] = 1.0 - step * sum(used[k].values())
+    return mixing
+
+
+def mix_models(
+    models: dict[int, Tensors], rows: list[int], columns: list[int], mixing: np.ndarray
+) -> dict[int, Tensors]:
+    """{k: Σ_l M_kl·w_l} for k in `rows`, l in `columns`: one matrix product per block.
+
+    Per tensor name, the column models are stacked a block of entries at a time into a
+    |columns| × width matrix X and the new rows are M·X (torch.mm: BLAS, intra-op threads).
+    The tensor names are those of the first row's model; every model read must have them.
+    """
+    names = list(models[rows[0]]) if rows else []
+    for k in rows[1:]:
+        if set(models[k]) != set(names):
+            raise ValueError(f"laplacian_step: model {k} has other tensors than model {rows[0]}")
+    position = {l_: c for c, l_ in enumerate(columns)}
+    own = [position[k] for k in rows]
+    updated: dict[int, Tensors] = {k: {} for k in rows}
+    for name in names:
+        like = models[rows[0]][name]
+        # float32 or float64 as given; half precision is mixed in float32 and rounded back
+        # once (the loop rounded after every neighbour).
+        dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+        matrix = torch.from_numpy(mixing).to(like.device, dtype)
+        flats = [models[l_][name].reshape(-1) for l_ in columns]
+        outs = [torch.empty(like.shape, dtype=like.dtype, device=like.device) for _ in rows]
+        out_flats = [out.view(-1) for out in outs]
+        size = like.numel()
+        width = max(1, min(size, max(1024, BLOCK_VALUES // len(columns))))
+        stacked = torch.empty(len(columns), width, dtype=dtype, device=like.device)
+        product = torch.empty(len(rows), width, dtype=dtype, device=like.device)
+        for start in range(0, size, width):
+            stop = min(start + width, size)
+            block, mixed = stacked[:, : stop - start], product[:, : stop - start]
+            for c, flat in enumerate(flats):
+                block[c].copy_(flat[start:stop])
+            mix_block(matrix, block, own, out=mixed)
+            for r, out_flat in enumerate(out_flats):
+                out_flat[start:stop].copy_(mixed[r])
+        for k, out in zip(rows, outs, strict=True):
+            updated[k][name] = out
     return updated
 
 
-def pairwise(a: np.ndarray, clients: list[int]) -> dict[int, dict[int, float]]:
-    """{k: {l: a_kl}} restricted to `clients`."""
-    return {k: {l_: float(a[k, l_]) for l_ in clients if l_ != k} for k in clients}
+def mix_block(matrix: torch.Tensor, block: torch.Tensor, own: list[int], out: torch.Tensor) -> None:
+    """out = matrix @ block, where a non-finite row of `block` reaches only the rows reading it.
+
+    In a plain product a model weighted 0 still enters as 0·w_l, and 0·inf = NaN; the rows
+    that weight it (or are its own update) get its non-finite values, as the loop gave them.
+    `own[r]`: the row of `block` holding row r's own model.
+    """
+    finite = torch.isfinite(block.sum(dim=1))  # one NaN/inf anywhere makes the sum non-finite
+    if bool(finite.all()):
+        torch.mm(matrix, block, out=out)
+        return
+    bad = (~finite).nonzero().flatten().tolist()
+    clean = block.clone()
+    clean[bad] = 0
+    torch.mm(matrix, clean, out=out)
+    for c in bad:
+        readers = [r for r in range(len(own)) if own[r] == c or float(matrix[r, c]) != 0]
+        out[readers] += matrix[readers, c : c + 1] * block[c]
 
 
 @register
@@ -125,9 +256,12 @@ class FedU(Algorithm):
 
     def regularise(self, state, inbox, ctx):
         models = {index_of(m.src): m.tensors for m in by_sender(inbox) if is_finite(m.tensors)}
-        a = similarity_matrix(self.params, ctx.federation.num_clients, ctx.seed)
+        clients = sorted(models)
+        weights = similarity_rows(
+            self.params, ctx.federation.num_clients, ctx.seed, clients, clients
+        )
         step = self.params.lr * self.params.lam * self.params.epochs
-        updated = laplacian_step(models, pairwise(a, sorted(models)), step)
+        updated = laplacian_step(models, weights, step)
         return state, [Message(SERVER, client_name(k), "model", w) for k, w in updated.items()]
 
     def receive(self, state, inbox, ctx):
@@ -156,8 +290,10 @@ class DFedU(Algorithm):
         k = ctx.index
         models = {k: state.extras.pop("sent")}
         models |= {index_of(m.src): m.tensors for m in by_sender(inbox) if is_finite(m.tensors)}
-        a = similarity_matrix(self.params, ctx.federation.num_clients, ctx.seed)
-        weights = {k: {l_: float(a[k, l_]) for l_ in models if l_ != k}}
+        # Row k only: a_kl for the neighbours heard from, never the N×N matrix.
+        weights = similarity_rows(
+            self.params, ctx.federation.num_clients, ctx.seed, [k], sorted(models)
+        )
         step = self.params.lr * self.params.lam * self.params.epochs
         updated = laplacian_step(models, weights, step)[k]
         load_tensors(state.model, updated)

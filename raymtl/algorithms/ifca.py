@@ -15,16 +15,17 @@ loss of the client's task on its training data:
                      (a cluster no client picked keeps its model)
 Evaluation: the server sends θ_0..θ_{K−1} to every client (all are evaluated), counted as
 traffic (kind "cluster_models_eval"); client k picks ĵ_k = argmin_j f_k(θ_j) on its training
-data, as in training, and is evaluated with θ_ĵ. The steps do not see `eval_every`: this
-downlink goes out every round (every round is evaluated by default).
+data, as in training, and is evaluated with θ_ĵ. This downlink goes out only after the rounds
+that are evaluated (`ctx.evaluated`: every `eval_every` rounds and the last).
 
 Each pick is a row of `ifca_clusters.parquet`: (seed, round, client, cluster, stage, group, task,
 loss), stage "train" (k ∈ S_t, the cluster it trained) or "eval" (every client, the cluster
 it is evaluated with); `group` and `task` are the client's true rotation/mask group and task,
 against which a report scores the picks (adjusted Rand index).
 
-Bits per round: down (|S_t| + N)·K·|θ|·32 (K models for training, K models for
-evaluation), up |S_t|·(|θ|·32 + 64) (the trained model and ĵ as one int64).
+Bits per round: down (|S_t| + N)·K·|θ|·32 in an evaluated round, |S_t|·K·|θ|·32 in
+another (K models for training, K models for evaluation), up |S_t|·(|θ|·32 + 64) (the
+trained model and ĵ as one int64).
 A client keeps the model it is evaluated with and its last pick between rounds.
 """
 
@@ -196,6 +197,8 @@ class IFCA(Algorithm):
                 updates.append((j, tensors, samples[index_of(message.src)]))
         for j, average in cluster_averages(updates, k).items():
             models[j] = average
+        if not ctx.evaluated:  # the clients are not evaluated after this round: nothing to pick
+            return state, []
         payload = pack(models)
         everyone = range(ctx.federation.num_clients)  # evaluated: counted (module docstring)
         return state, [Message(SERVER, client_name(i), EVAL_KIND, payload) for i in everyone]

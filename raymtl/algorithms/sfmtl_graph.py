@@ -248,7 +248,14 @@ class SFMTLGraph(Algorithm):
         heads = {i: {k: v for k, v in uploads[i].items() if k.startswith(HEAD)} for i in clients}
         weights = community_weights(clients, list(labels.values()), result["similarity"])
         step = self.params.lr * self.params.epochs * self.params.lam
-        new_heads = laplacian_step(heads, weights, step)
+        # s_ij counts only within a community, so the Laplacian is block-diagonal: one
+        # product per community (Σ_c |c|² rows × columns instead of |S_t|²).
+        new_heads: dict[int, dict[str, torch.Tensor]] = {}
+        for community in sorted(set(labels.values())):
+            members = [i for i in clients if labels[i] == community]
+            new_heads |= laplacian_step(
+                {i: heads[i] for i in members}, {i: weights[i] for i in members}, step
+            )
         classes = {i: [int(c) for c in uploads[i]["classes"].tolist()] for i in clients}
         anchors = {i: dict(zip(classes[i], uploads[i]["anchor"], strict=True)) for i in clients}
         means = community_anchors(anchors, labels, ctx.federation.samples)

@@ -21,13 +21,33 @@ in proportion. The paper (and its code) maps the whole model; it does not study 
 and a partial θ couples clients only through those layers. With γ = 1, P = I and η = 0 a
 round is exactly dFedU's with a_kl = 1 (`map_init: identity`, tested).
 
+Drawing the maps (round 1, in the actor that owns them): `draw_map` fills each P_ij's own
+float32 storage in one pass, `torch.empty(d_ij, d_i).normal_(0, init_std)`, from a
+torch.Generator (mt19937; torch's vectorised Box–Muller) seeded with derive_seed(seed, "map",
+i, j): bit for bit the values of the earlier `torch.randn(d_ij, d_i)·init_std`, without its
+second pass over the map. On the development machine (2 cores) a 348 × 34,826 map (48 MB)
+costs ≈ 30 ms of CPU in the generator and ≈ 15 ms in the kernel, which zeroes and maps its
+11,800 fresh pages (benchmarks/sheaf_maps.py); numpy's generators and a Box–Muller written
+with torch operations were slower, and huge pages slower still there. Each client's drawing
+time goes to map_draws.parquet (i, maps, bytes, seconds).
+
+A round reads each map as few times as it can: P_ij θ_i is computed once per value sent
+(after training, after the θ-step) and kept until the next step's gap uses it (θ has not
+moved in between), so a round makes 5 passes over a map (3 products, the rank-one update
+and its norm) where recomputing the gaps took 7; results are bit for bit the same.
+
+FLOPs: the model passes are counted as every algorithm's (raymtl/flops.py); the map products
+and rank-one updates are this step's own maths, outside module calls, so each adds
+2·d_ij·d_i by hand (`product_flops`, `add_flops`).
+
 Memory: `persistent_bytes` gives each client's maps, checked against runtime.memory_budget
-before any actor starts.
+before any actor starts. The steps allocate only d_i- and d_ij-vectors beside the maps.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Literal
 
 import torch
@@ -44,10 +64,14 @@ from raymtl.algorithms.base import (
 from raymtl.algorithms.fedavg import by_sender
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import derive_seed, load_tensors, local_sgd, model_tensors
+from raymtl.flops import add_flops
 from raymtl.tasks.objectives import task_loss
 
 DIM = "dim"  # round 1: a client's d_i, so that neighbours can size their maps
 VALUE = "projection"  # P_ij θ_i
+# torch fills tensors of at least this many entries with its vectorised float32 Box–Muller
+TORCH_VECTORISED_NORMAL = 16
+SENT = "sent"  # extras: (round, {j: P_ij θ_i}) as last sent, until the next step's gaps
 
 
 class SheafFMTLParams(LocalTrainingParams):
@@ -68,6 +92,26 @@ class SheafFMTLParams(LocalTrainingParams):
 def interaction_dim(d_i: int, d_j: int, gamma: float) -> int:
     """d_ij = ⌊γ·min(d_i, d_j)⌋ (at least 1)."""
     return max(1, math.floor(gamma * min(d_i, d_j) + 1e-9))
+
+
+def draw_map(rows: int, cols: int, std: float, seed: int) -> torch.Tensor:
+    """A rows × cols float32 map of N(0, std²) entries from a generator seeded with `seed`,
+    drawn straight into its own storage in one pass: bit for bit torch.randn(rows, cols)·std
+    of that generator, without randn's second pass to scale."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.empty(rows, cols)
+    if values.numel() < TORCH_VECTORISED_NORMAL:
+        # torch draws so few values in double precision: scaled after rounding to float32,
+        # as randn·std is, they are the same floats (tested)
+        return values.normal_(generator=generator).mul_(std)
+    return values.normal_(0.0, std, generator=generator)
+
+
+def product_flops(matrix: torch.Tensor) -> int:
+    """FLOPs of a product of a d_ij × d_i map with a vector, or of its rank-one update:
+    a multiply and an add per entry. Counted by hand (raymtl/flops.py `add_flops`): the map
+    products are the client's own maths, outside any module call."""
+    return 2 * matrix.numel()
 
 
 def l2_loss(l2: float, task):
@@ -138,6 +182,7 @@ class SheafFMTL(Algorithm):
         return state, [Message(ctx.me, client_name(j), DIM, {DIM: d_i}) for j in neighbours]
 
     def init_maps(self, state, inbox, ctx) -> None:
+        began = time.perf_counter()
         d_i = self.flat_theta(state.model).numel()
         maps = {}
         for message in by_sender(inbox):
@@ -148,15 +193,20 @@ class SheafFMTL(Algorithm):
                     raise ValueError("algorithm.params.map_init: identity needs γ = 1, equal d")
                 maps[j] = torch.eye(d_i)
             else:
-                generator = torch.Generator().manual_seed(derive_seed(ctx.seed, "map", ctx.me, j))
-                maps[j] = torch.randn(d_ij, d_i, generator=generator).mul_(self.params.init_std)
+                seed = derive_seed(ctx.seed, "map", ctx.me, j)
+                maps[j] = draw_map(d_ij, d_i, self.params.init_std, seed)
         state.extras["maps"] = maps
+        size = sum(m.numel() * m.element_size() for m in maps.values())
+        seconds = time.perf_counter() - began
+        ctx.record("map_draws", i=ctx.index, maps=len(maps), bytes=size, seconds=seconds)
 
     def projections(self, state, ctx, theta: torch.Tensor) -> list[Message]:
+        """Send P_ij θ_i to every neighbour j, and keep it for the next step's gaps."""
         maps = state.extras["maps"]
-        return [
-            Message(ctx.me, client_name(j), VALUE, {VALUE: maps[j] @ theta}) for j in sorted(maps)
-        ]
+        sent = {j: maps[j] @ theta for j in sorted(maps)}
+        add_flops(sum(product_flops(maps[j]) for j in sent))
+        state.extras[SENT] = (ctx.round, sent)
+        return [Message(ctx.me, client_name(j), VALUE, {VALUE: value}) for j, value in sent.items()]
 
     def train(self, state, inbox, ctx):
         if ctx.round == 1 or "maps" not in state.extras:
@@ -169,22 +219,31 @@ class SheafFMTL(Algorithm):
         )
         return state, self.projections(state, ctx, self.flat_theta(state.model))
 
-    def disagreements(self, state, inbox, theta) -> dict[int, torch.Tensor]:
-        """P_ij θ_i − P_ji θ_j for every neighbour j that sent a finite value."""
+    def disagreements(self, state, inbox, ctx, theta) -> dict[int, torch.Tensor]:
+        """P_ij θ_i − P_ji θ_j for every neighbour j that sent a finite value. P_ij θ_i is the
+        value sent at the end of the previous step of this round (θ and P_ij have not moved
+        since, so it is that product bit for bit); computed afresh only when none is kept."""
         maps, out = state.extras["maps"], {}
+        sent_round, sent = state.extras.pop(SENT, (None, {}))
+        if sent_round != ctx.round:
+            sent = {}
         for message in by_sender(inbox):
             theirs = message.tensors[VALUE]
             if torch.isfinite(theirs).all():
                 j = index_of(message.src)
-                out[j] = maps[j] @ theta - theirs
+                if j not in sent:
+                    add_flops(product_flops(maps[j]))
+                mine = sent[j] if j in sent else maps[j] @ theta
+                out[j] = mine - theirs
         return out
 
     def theta_step(self, state, inbox, ctx):
         theta = self.flat_theta(state.model)
         maps = state.extras["maps"]
         gradient = torch.zeros_like(theta)
-        for j, gap in self.disagreements(state, inbox, theta).items():
+        for j, gap in self.disagreements(state, inbox, ctx, theta).items():
             gradient += maps[j].T @ gap
+            add_flops(product_flops(maps[j]))
         theta = theta - self.params.lr * self.params.lam * gradient
         self.load_flat(state.model, theta)
         return state, self.projections(state, ctx, theta)
@@ -192,10 +251,11 @@ class SheafFMTL(Algorithm):
     def map_step(self, state, inbox, ctx):
         theta = self.flat_theta(state.model)
         step = self.params.map_lr * self.params.lam
-        for j, gap in self.disagreements(state, inbox, theta).items():
+        for j, gap in self.disagreements(state, inbox, ctx, theta).items():
             # In place, rank one (BLAS ger): no d_ij × d_i temporary, which for two large
             # models would double the memory of their map for a moment.
             state.extras["maps"][j].addr_(gap, theta, alpha=-step)
+            add_flops(product_flops(state.extras["maps"][j]))
         for j, matrix in sorted(state.extras["maps"].items()):
             ctx.record("maps", i=ctx.index, j=j, norm=float(torch.linalg.matrix_norm(matrix)))
         return state, []

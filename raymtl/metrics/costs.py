@@ -1,5 +1,5 @@
-"""What a run cost beyond its final bits and time: the rounds, bits and wall time each seed
-needed to reach a target metric (`metrics: {target, metric}`), and the peak memory of the
+"""What a run cost beyond its final bits and time: the rounds, bits, FLOPs and wall time each
+seed needed to reach a target metric (`metrics: {target, metric}`), and the peak memory of the
 run's processes (hosts.parquet).
 
 Both go into summary.json (`target`, `peak_memory`); report.py shows them in the results
@@ -30,14 +30,19 @@ def first_round_reaching(seed_rounds: pd.DataFrame, metric: str, target: float) 
     return evaluated[reached].iloc[0]
 
 
+def known(value) -> float | None:
+    """A recorded figure, None when it is missing or NaN (runs recorded before it)."""
+    return None if value is None or math.isnan(value) else float(value)
+
+
 def stat_or_none(values: list[float]) -> dict[str, float] | None:
     """Mean and std over the seeds that reached the target; None when none did."""
     return mean_and_std(values) if values else None
 
 
 def target_summary(rounds: pd.DataFrame, seeds: list[int], metric: str, target: float) -> dict:
-    """Per seed, the first evaluated round reaching the target, with the cumulative bits and
-    wall time at that round (None: not reached); across `seeds`, the fraction that reached
+    """Per seed, the first evaluated round reaching the target, with the cumulative bits,
+    FLOPs and wall time at that round (None: not reached); across `seeds`, the fraction that reached
     it and the mean ± std of each figure over those that did."""
     per_seed = {}
     for seed in seeds:
@@ -47,6 +52,7 @@ def target_summary(rounds: pd.DataFrame, seeds: list[int], metric: str, target: 
             per_seed[str(seed)] = {
                 "round": int(row["round"]),
                 "bits": float(row["cum_bits"]),
+                "flops": known(row.get("cum_flops")),
                 "wall_time": float(row["wall_time"]),
             }
     reached = [figures for figures in per_seed.values() if figures is not None]
@@ -58,6 +64,7 @@ def target_summary(rounds: pd.DataFrame, seeds: list[int], metric: str, target: 
         "reached": len(reached) / len(seeds) if seeds else 0.0,
         "rounds": stat_or_none([figures["round"] for figures in reached]),
         "bits": stat_or_none([figures["bits"] for figures in reached]),
+        "flops": stat_or_none([f["flops"] for f in reached if f["flops"] is not None]),
         "wall_time": stat_or_none([figures["wall_time"] for figures in reached]),
         "per_seed": per_seed,
     }

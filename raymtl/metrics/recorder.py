@@ -60,6 +60,14 @@ ROUNDS_SCHEMA = pa.schema(
         ("seconds_receive", pa.float64()),
         ("seconds_evaluate", pa.float64()),
         ("clients_trained", pa.int64()),
+        # floating-point operations by kind of phase, the round's and the run's so far
+        # (raymtl/flops.py: model passes and coordinators' steps, by FlopCounterMode)
+        ("flops_train", pa.float64()),
+        ("flops_aggregate", pa.float64()),
+        ("flops_receive", pa.float64()),
+        ("flops_evaluate", pa.float64()),
+        ("flops", pa.float64()),
+        ("cum_flops", pa.float64()),
         # clients' kept state (runtime/clients.py): bytes and clients in memory and spilled
         # to local disk (beyond runtime.memory_budget), and the working models serving them
         ("state_resident_bytes", pa.int64()),

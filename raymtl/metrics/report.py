@@ -31,7 +31,10 @@ COST_METRICS = {
     "total_bits": "cum_bits",
     "wall_time": "wall_time",
 }
-SUMMARY_METRICS = ACCURACY_METRICS + tuple(COST_METRICS) + ("client_updates_per_second",)
+# total_flops: raymtl/flops.py, absent from runs recorded before it.
+SUMMARY_METRICS = (
+    ACCURACY_METRICS + tuple(COST_METRICS) + ("total_flops", "client_updates_per_second")
+)
 BIT_UNITS = ("b", "Kb", "Mb", "Gb", "Tb", "Pb")
 
 
@@ -48,6 +51,9 @@ def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
     summary = {"seed": int(seed), "round": int(final_eval["round"])}
     summary.update({metric: float(final_eval[metric]) for metric in ACCURACY_METRICS})
     summary.update({key: float(last_row[column]) for key, column in COST_METRICS.items()})
+    flops = last_row.get("cum_flops")  # raymtl/flops.py; absent from runs recorded before it
+    if flops is not None and not math.isnan(flops):
+        summary["total_flops"] = float(flops)
     # Throughput: local updates over the seed's wall time (rounds only; NaN for old runs).
     trained = seed_rounds.get("clients_trained")
     if trained is not None and trained.notna().any():
@@ -155,6 +161,22 @@ def format_bits_to_target(target: dict | None) -> str:
     return f"{format_bits(target['bits']['mean'])}{reached_share(target)}"
 
 
+def format_tflops(flops: float | None) -> str:
+    """FLOPs in TFLOPs with three significant digits ('-' when unknown): 2.5e12 -> '2.50'."""
+    if flops is None or math.isnan(flops):
+        return "-"
+    return f"{flops / 1e12:.3g}"
+
+
+def format_flops_to_target(target: dict | None) -> str:
+    """TFLOPs spent until the target was reached, mean over the seeds that reached it."""
+    if target is None:
+        return "-"
+    if target.get("flops") is None:
+        return "not reached" if target["rounds"] is None else "-"
+    return f"{format_tflops(target['flops']['mean'])}{reached_share(target)}"
+
+
 def target_caption(summaries: list[dict]) -> str | None:
     """'target: mean_accuracy >= 0.8' (one line per distinct target), or None."""
     targets = {(s["target"]["metric"], s["target"]["target"]) for s in summaries if "target" in s}
@@ -167,8 +189,8 @@ def target_caption(summaries: list[dict]) -> str | None:
 
 def results_table(summaries: list[dict], title: str) -> Table:
     """One row per algorithm: accuracies (%, mean ± std over seeds), total bits, wall time,
-    the peak memory of the run's processes and, with `metrics.target`, the rounds and bits
-    to reach the target."""
+    the peak memory of the run's processes, TFLOPs and, with `metrics.target`, the rounds,
+    bits and TFLOPs to reach the target."""
     table = Table(title=title, title_justify="left", caption=target_caption(summaries))
     table.add_column("Experiment", style="bold", no_wrap=True)
     for header in ("Seeds", "Acc %", "Worst10 %", "Worst20 %", "Std %"):
@@ -178,10 +200,12 @@ def results_table(summaries: list[dict], title: str) -> Table:
     with_memory = any("peak_memory" in summary for summary in summaries)
     if with_memory:  # the sum over the run's processes, mean over seeds
         table.add_column("Peak mem", justify="right", no_wrap=True)
+    table.add_column("TFLOPs", justify="right", no_wrap=True)
     with_target = any("target" in summary for summary in summaries)
     if with_target:
         table.add_column("Rounds to target", justify="right", no_wrap=True)
         table.add_column("Bits to target", justify="right", no_wrap=True)
+        table.add_column("TFLOPs to target", justify="right", no_wrap=True)
     faulty = any("faults" in summary for summary in summaries)
     if faulty:  # lost hosts: each a roll-back to the last checkpoint and a replay
         table.add_column("Faults", justify="right", no_wrap=True)
@@ -192,7 +216,12 @@ def results_table(summaries: list[dict], title: str) -> Table:
         peak_memory = summary.get("peak_memory")
         memory = format_bytes(peak_memory["total_bytes"]["mean"]) if peak_memory else "-"
         target = summary.get("target")
-        to_target = [format_rounds_to_target(target), format_bits_to_target(target)]
+        to_target = [
+            format_rounds_to_target(target),
+            format_bits_to_target(target),
+            format_flops_to_target(target),
+        ]
+        total_flops = final.get("total_flops", {"mean": math.nan})["mean"]
         table.add_row(
             summary["algorithm"],
             str(len(summary["seeds"])),
@@ -203,6 +232,7 @@ def results_table(summaries: list[dict], title: str) -> Table:
             format_bits(final["total_bits"]["mean"]),
             format_seconds(final["wall_time"]["mean"]),
             *([memory] if with_memory else []),
+            format_tflops(total_flops),
             *(to_target if with_target else []),
             *([recovered] if faulty else []),
         )

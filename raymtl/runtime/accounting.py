@@ -50,13 +50,24 @@ def round_bits(ledger: list[dict], num_clients: int) -> tuple[list[int], list[in
     return up, down
 
 
-def resumed_totals(rounds, seed: int, upto: int) -> tuple[float, list[int]]:
-    """Wall time and cumulative (up, down) bits of `seed` at round `upto` (0: a fresh start),
-    from the rounds already recorded: a resumed run goes on counting from them."""
+# rounds.parquet's running totals: a round's row adds its own figures to the previous row's.
+CUMULATIVE = ("cum_bits_up", "cum_bits_down", "cum_flops")
+
+
+def resumed_totals(rounds, seed: int, upto: int) -> tuple[float, dict[str, float]]:
+    """Wall time and the running totals (CUMULATIVE) of `seed` at round `upto` (0: a fresh
+    start), from the rounds already recorded: a resumed run goes on counting from them."""
+    fresh = dict.fromkeys(CUMULATIVE, 0)
     if not upto or rounds.empty:
-        return 0.0, [0, 0]
+        return 0.0, fresh
     frame = rounds[(rounds["seed"] == seed) & (rounds["round"] <= upto)]
     if frame.empty:
-        return 0.0, [0, 0]
+        return 0.0, fresh
     last = frame.sort_values("round").iloc[-1]
-    return float(frame["wall_time"].max()), [int(last["cum_bits_up"]), int(last["cum_bits_down"])]
+    totals = {
+        "cum_bits_up": int(last["cum_bits_up"]),
+        "cum_bits_down": int(last["cum_bits_down"]),
+        # NaN when resumed from rounds recorded before FLOPs were counted: unknown stays so
+        "cum_flops": float(last["cum_flops"]),
+    }
+    return float(frame["wall_time"].max()), totals

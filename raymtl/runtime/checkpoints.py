@@ -211,12 +211,34 @@ def checkpoint_checksums(directory: Location, files: list[str], reported: dict) 
     }
 
 
+class HashingWriter(io.RawIOBase):
+    """A writable stream that passes what it is given on and hashes it (sha256) on the way."""
+
+    def __init__(self, stream):
+        self.stream, self.sha256 = stream, hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.stream.write(bytes(data))
+        return len(data)
+
+
 def write_blob(location: Location, blob: dict) -> str:
-    """torch.save a participant's state to a file or a URI; the sha256 of what it wrote."""
-    buffer = io.BytesIO()
-    torch.save(blob, buffer)
-    location.write_bytes(buffer.getvalue())
-    return digest(buffer.getvalue())
+    """torch.save a participant's state to a file or a URI; the sha256 of what it wrote.
+    Streamed: a client holding gigabytes (Sheaf-FMTL's maps) is not copied into memory to
+    be written."""
+    hashed: list[HashingWriter] = []
+
+    def save(stream) -> None:
+        writer = HashingWriter(stream)
+        torch.save(blob, writer)
+        hashed.append(writer)
+
+    location.write_stream(save)
+    return hashed[0].sha256.hexdigest()
 
 
 def read_blob(

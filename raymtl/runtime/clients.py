@@ -84,6 +84,22 @@ class HostedClients:
     def evaluation_state(self, participant: str) -> State:
         return self.checkout(participant, overlay=self.evaluation.get(participant))
 
+    def evaluated_with(self, participant: str) -> tuple | None:
+        """What the client is evaluated with, by identity: (key, its kept weights, the
+        round's evaluation copy). Clients of one identity are evaluated with one model (a
+        FedAvg round's global model). None when it cannot be told without building or
+        reading the client back (not started yet, or spilled): it is evaluated on its own."""
+        key = self.key(participant)
+        if key not in self.working.templates:
+            return None
+        weights = self.working.templates[key]
+        if "model" in self.keeps:
+            if participant not in self.store.resident:
+                return None
+            kept = self.store.resident[participant]["model"]
+            weights = weights if kept is None else kept
+        return key, id(weights), id(self.evaluation.get(participant))
+
     # -- checkpoints: each started client's blob; a model still at the initial weights is
     # saved as a flag, not as a copy of them
     def saved_blobs(self):

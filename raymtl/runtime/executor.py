@@ -9,6 +9,7 @@ a loss in the round it happened in.
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 
 from raymtl.algorithms.base import Phase, role_of
@@ -72,21 +73,37 @@ class Executor(ABC):
         """A host for `spec`, not built yet (`_build`)."""
 
     @abstractmethod
-    def _build(self, names: list[str]) -> None:
-        """Build the named hosts; an error raised there is `build_error`'s ConfigError."""
+    def _build(self, names: list[str]) -> dict[str, dict]:
+        """Build the named hosts; an error raised there is `build_error`'s ConfigError.
+        Returns each host's build timings (ParticipantHost.build)."""
 
     @abstractmethod
     def _call(self, method: str, calls: dict[str, tuple]) -> Answer:
         """Call `method(*args)` on each named host, in parallel: the results by host, and
         the client hosts lost meanwhile."""
 
-    def start(self, specs: dict[str, HostSpec]) -> None:
-        """Start one host per spec (named 'clients-0', 'server', 'lps-1', ...) and build it."""
+    def start(self, specs: dict[str, HostSpec]) -> dict[str, float]:
+        """Start one host per spec (named 'clients-0', 'server', 'lps-1', ...) and build it.
+        Returns where the seconds went: `hosts_up_s` (the hosts started and answering: an
+        actor's process importing torch), `build_s` (all built, in parallel), and the
+        slowest host's `setup_s`, `checkpoint_s` and `warm_up_s` (ParticipantHost.build)."""
+        began = time.perf_counter()
         for name, spec in specs.items():
             self.hosts[name] = self._start_host(name, role_of(spec.participants[0]), spec)
             self.members[name] = spec.participants
             self.specs[name] = spec
-        self._build(list(self.hosts))
+        up = time.perf_counter()
+        builds = self._build(list(self.hosts)) or {}
+        seconds = {"hosts_up_s": self.hosts_up_seconds(up - began), "build_s": 0.0}
+        seconds["build_s"] = time.perf_counter() - began - seconds["hosts_up_s"]
+        for part in ("setup_s", "checkpoint_s", "warm_up_s"):
+            seconds[part] = max((b.get(part, 0.0) for b in builds.values()), default=0.0)
+        return seconds
+
+    def hosts_up_seconds(self, started: float) -> float:
+        """Seconds until every host answered (Ray: placed and started, `_await_placement`);
+        in process, the hosts' construction."""
+        return started
 
     def run_phase(
         self, round_index: int, phase: Phase, inboxes: dict, sampled: tuple[int, ...]
@@ -225,11 +242,13 @@ class InlineExecutor(Executor):
         return ParticipantHost(spec)
 
     def _build(self, names):
+        built = {}
         for name in names:
             try:
-                self.hosts[name].build()
+                built[name] = self.hosts[name].build()
             except Exception as error:
                 raise build_error(name, error) from error
+        return built
 
     def _call(self, method, calls):
         results = {name: getattr(self.hosts[name], method)(*args) for name, args in calls.items()}

@@ -8,13 +8,59 @@ continued without client/...        min_clients_fraction < 1: the lost clients a
 re-planned: runtime.clients_...     a node was lost and the client actors no longer fit the
                                     nodes left: more clients an actor (host "client actors",
                                     rolled_back_to = -1); the results are the same
+
+`injected` is True on the rows of a fault runtime.inject_faults caused (the actor was
+killed on purpose, `injection_schedule`); the recovery is the same as a real fault's.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+
+from raymtl.config_base import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+def injection_schedule(faults, hosts: list[str], rounds: int) -> dict[int, list[str]]:
+    """runtime.inject_faults as round -> the hosts killed at its start (each (round, host)
+    once). `{kill: clients, share, seed}`: round(share x client actors) client actors (at
+    least one), drawn with `random.Random(seed)`, each at a round drawn from 1..rounds;
+    `{kill: host, host, round}`: that host at that round. `hosts`: the federation's host
+    names as laid out at its start; a name not among them, or a round after the last, is one
+    ConfigError line."""
+    clients = sorted((h for h in hosts if h.startswith("clients-")), key=host_index)
+    schedule: dict[int, list[str]] = {}
+    for index, fault in enumerate(faults):
+        where = f"runtime.inject_faults.{index}"
+        if fault.kill == "clients":
+            draw = random.Random(fault.seed)
+            count = max(1, round(fault.share * len(clients)))
+            victims = draw.sample(clients, count)
+            kills = [(draw.randint(1, rounds), host) for host in victims]
+        else:
+            if fault.host not in hosts:
+                raise ConfigError(
+                    f"{where}.host: '{fault.host}' is not a host of this federation (its hosts: "
+                    f"{', '.join(sorted(hosts, key=host_index))})"
+                )
+            if fault.round > rounds:
+                raise ConfigError(
+                    f"{where}.round: {fault.round} is after the last round ({rounds})"
+                )
+            kills = [(fault.round, fault.host)]
+        for round_index, host in kills:
+            planned = schedule.setdefault(round_index, [])
+            if host not in planned:
+                planned.append(host)
+    return dict(sorted(schedule.items()))
+
+
+def host_index(host: str) -> tuple[str, int]:
+    """clients-2 before clients-10: the name's stem, then its number."""
+    stem, _, number = host.rpartition("-")
+    return (stem, int(number)) if number.isdigit() else (host, -1)
 
 
 class RunStopped(RuntimeError):
@@ -23,8 +69,11 @@ class RunStopped(RuntimeError):
     `raymtl run --resume RUN_DIR` goes on once the cause is fixed."""
 
 
-def fault_rows(seed, round_index, fault, start, count, recover, seconds_lost) -> list[dict]:
-    """One row per lost host of a `HostsLost` (a roll-back, or the end of the run)."""
+def fault_rows(
+    seed, round_index, fault, start, count, recover, seconds_lost, injected=frozenset()
+) -> list[dict]:
+    """One row per lost host of a `HostsLost` (a roll-back, or the end of the run);
+    `injected`: the hosts runtime.inject_faults killed."""
     action = f"rolled back to round {start}, replaying" if recover else "run stopped"
     return [
         {
@@ -38,6 +87,7 @@ def fault_rows(seed, round_index, fault, start, count, recover, seconds_lost) ->
             "rolled_back_to": start,
             "seconds_lost": seconds_lost,
             "error": fault.detail,
+            "injected": host in injected,
         }
         for host, node in fault.nodes.items()
     ]
@@ -61,6 +111,7 @@ def dropped_rows(seed: int, round_index: int, lost: list[dict]) -> list[dict]:
                 "rolled_back_to": -1,
                 "seconds_lost": 0.0,
                 "error": drop["error"],
+                "injected": bool(drop.get("injected", False)),
             }
         )
         log.warning("seed %d round %d: host %s lost; %s", seed, round_index, drop["host"], action)
@@ -80,4 +131,5 @@ def replan_row(seed: int, round_index: int, line: str, nodes: list[str], recover
         "rolled_back_to": -1,
         "seconds_lost": 0.0,
         "error": "",
+        "injected": False,
     }

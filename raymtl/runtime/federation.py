@@ -15,6 +15,10 @@ is a row of faults.parquet. A lost node is waited for until Ray declares it dead
 runtime.placement_timeout_s), and client actors that no longer fit the nodes left are laid
 out anew (more clients an actor: the same results). A damaged checkpoint is skipped for the
 one before it. A run that cannot go on raises `RunStopped` (exit 3 on the command line).
+
+runtime.inject_faults kills hosts' actors on purpose at the start of the rounds it names
+(`_inject`): the recovery is a real fault's, and each (round, host) is killed once, never
+again on the replay of its round.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.callbacks import RoundEvent
 from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.metrics import Recorder
-from raymtl.runtime.accounting import resumed_totals
+from raymtl.runtime.accounting import CUMULATIVE, resumed_totals
 from raymtl.runtime.checkpoints import (
     DamagedCheckpoint,
     check_shared,
@@ -43,7 +47,7 @@ from raymtl.runtime.checkpoints import (
     write_manifest,
 )
 from raymtl.runtime.executor import Executor, HostsLost
-from raymtl.runtime.faults import RunStopped, fault_rows, replan_row
+from raymtl.runtime.faults import RunStopped, fault_rows, injection_schedule, replan_row
 from raymtl.runtime.launch import executor_factory
 from raymtl.runtime.planning import build_setup
 from raymtl.runtime.round_loop import RoundLoop
@@ -107,6 +111,10 @@ class Federation:
         self.recoveries = 0
         self._executor, self._closed = None, False
         self._current = 0  # the round in progress (faults name it)
+        # runtime.inject_faults: round -> hosts to kill (drawn once the hosts are laid out),
+        # and the (round, host) pairs killed already: a replayed round kills nobody again.
+        self._injections: dict[int, list[str]] | None = None
+        self._injected: set[tuple[int, str]] = set()
         if self._own_run:
             for callback in self.callbacks:
                 callback.on_run_start(cfg, self.run_dir)
@@ -184,6 +192,7 @@ class Federation:
                     self._record_replan()
                 event = None
                 while self.round < target:
+                    self._inject(self.round + 1)
                     event = self._advance()
                 return then() if then is not None else event
             except HostsLost as fault:
@@ -210,13 +219,21 @@ class Federation:
         check_bound(self.cfg, manifest, f"checkpoints/seed{self.seed}/round{start:05d}")
         self.recorder.truncate_after(self.seed, start)
         self.round = self._current = start
-        self._attempt = time.perf_counter()
+        self._attempt = began = time.perf_counter()
         self._executor = executor = self.make_executor()
         lost = list(manifest.get("lost", []))  # the federation as that checkpoint holds it
         setup = build_setup(self.cfg, self.seed, executor, self.seed_dir, start, lost)
+        planned = time.perf_counter()
         executor.lost = set(lost)
-        executor.start(setup.specs)
+        hosts = executor.start(setup.specs) or {}
         check_shared(self.seed_dir.child(".probe"), executor)
+        startup = {"round": start, "plan_s": planned - began, **hosts}
+        # Ray started (or joined) for this run: charged to the first federation that starts
+        ray_start = getattr(self.make_executor, "ray_start_s", 0.0)
+        if ray_start:
+            self.make_executor.ray_start_s = 0.0
+        startup |= {"ray_s": ray_start, "total_s": time.perf_counter() - began + ray_start}
+        self.recorder.add_rows("startup", [{"seed": self.seed, **startup}])
         self._wall, self._cumulative = resumed_totals(self.recorder.rounds(), self.seed, start)
         self._loop = RoundLoop(
             self.cfg, self.algorithm, self.recorder, executor, setup.federation, self.seed
@@ -240,7 +257,7 @@ class Federation:
         round_index = self._current = self.round + 1
         began = time.perf_counter()
         row, clients = self._loop.run(round_index, self._cumulative)
-        self._cumulative = [row["cum_bits_up"], row["cum_bits_down"]]
+        self._cumulative = {column: row[column] for column in CUMULATIVE}
         # Seconds inside the federation's rounds: a checkpoint counts towards the next round,
         # time spent outside run_round (callbacks, a notebook's pauses) towards none.
         row["wall_time"] = self._wall + time.perf_counter() - began
@@ -281,7 +298,10 @@ class Federation:
         start, self.recoveries = latest_checkpoint(self.seed_dir), self.recoveries + 1
         recover = self.recoveries <= self.cfg.runtime.max_restarts
         seconds = time.perf_counter() - self._attempt
-        rows = fault_rows(self.seed, self._current, fault, start, self.recoveries, recover, seconds)
+        injected = getattr(executor, "injected", set())
+        rows = fault_rows(
+            self.seed, self._current, fault, start, self.recoveries, recover, seconds, injected
+        )
         self.recorder.add_rows("faults", rows)
         self.recorder.flush()
         if not recover:
@@ -311,14 +331,58 @@ class Federation:
         self.recorder.add_rows("faults", [row])
         log.warning("seed %d from round %d: %s", self.seed, self.round + 1, executor.replanned)
 
+    def _inject(self, round_index: int) -> None:
+        """runtime.inject_faults: kill the hosts due at the start of round `round_index`
+        (each once: not again when the round is replayed after the recovery)."""
+        faults = self.cfg.runtime.inject_faults
+        if not faults or self._executor is None:
+            return
+        if self._injections is None:  # drawn from the hosts as first laid out
+            hosts = list(self._executor.hosts)
+            self._injections = injection_schedule(faults, hosts, self.cfg.rounds)
+            self._injected |= self._killed_before()
+        for host in self._injections.get(round_index, []):
+            if (round_index, host) in self._injected:
+                continue
+            self._injected.add((round_index, host))
+            if host not in self._executor.hosts:  # gone for good, or laid out anew
+                log.warning("seed %d round %d: no host %s to kill", self.seed, round_index, host)
+                continue
+            log.warning(
+                "seed %d round %d: killing host %s (runtime.inject_faults)",
+                self.seed,
+                round_index,
+                host,
+            )
+            self._executor.kill_host(host)
+
+    def _killed_before(self) -> set[tuple[int, str]]:
+        """(round, host) of the faults injected into this seed before it was resumed."""
+        faults = self.recorder.arrow_table("faults").to_pylist()
+        return {
+            (row["round"], row["host"])
+            for row in faults
+            if row.get("injected") and row.get("seed") == self.seed
+        }
+
     def _record_host_memory(self) -> None:
-        """hosts.parquet: each host's peak resident memory over the seed (bytes)."""
+        """hosts.parquet: each host's peak resident memory over the seed (bytes), and where
+        it ran: its node, the CPUs and GPUs its actor asked for, the device its clients
+        trained on (inline: the driver's process, no actor)."""
         answer = self._executor.peak_memory()
         self._loop.record_lost(self.round, answer.lost)
-        rows = [
-            {"seed": self.seed, "round": self.round, "host": host, "peak_rss": int(peak)}
-            for host, peak in sorted(answer.value.items())
-        ]
+        layout = getattr(self._executor, "layout", None)
+        placed = layout() if layout is not None else {}
+        rows = []
+        for host, peak in sorted(answer.value.items()):
+            where = placed.get(host) or {
+                "node": "driver",
+                "num_cpus": float("nan"),
+                "num_gpus": 0.0,
+                "device": self._executor.specs[host].device,
+            }
+            row = {"seed": self.seed, "round": self.round, "host": host, "peak_rss": int(peak)}
+            rows.append(row | where)
         self.recorder.add_rows("hosts", rows)
 
     def _shutdown(self) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
 
 from raymtl.algorithms.base import (
+    Algorithm,
     FederationInfo,
     Phase,
     State,
@@ -24,8 +26,8 @@ from raymtl.algorithms.base import (
 )
 from raymtl.algorithms.base import Message as AlgorithmMessage
 from raymtl.algorithms.registry import get_algorithm
-from raymtl.algorithms.training import evaluate
 from raymtl.config import ExperimentConfig
+from raymtl.flops import FlopMeter
 from raymtl.models.registry import num_params
 from raymtl.plugins import load_plugins
 from raymtl.runtime.checkpoints import checkpoint_dir, read_host_checkpoint, write_host_checkpoint
@@ -36,6 +38,7 @@ from raymtl.runtime.results import PhaseResult
 from raymtl.runtime.router import Envelope
 from raymtl.runtime.step_warnings import AlgorithmWarnings
 from raymtl.runtime.storage import Location
+from raymtl.tasks.objectives import evaluate_together
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +76,12 @@ class ParticipantHost:
     def __init__(self, spec: HostSpec):
         self.spec = spec
 
-    def build(self) -> bool:
+    def build(self) -> dict[str, float]:
         """Import the plugins, then build the algorithm, the data and the participants (and
-        load the checkpoint the driver resumes from)."""
+        load the checkpoint the driver resumes from). Returns where the seconds went
+        (`setup_s`: plugins, algorithm, data pools and participants; `checkpoint_s`;
+        `warm_up_s`): the run's startup.parquet."""
+        began = time.perf_counter()
         spec = self.spec
         self.config = spec.config
         load_plugins(self.config.plugins, spec.plugin_paths)
@@ -83,6 +89,7 @@ class ParticipantHost:
         algorithm_cls = get_algorithm(self.config.algorithm.name)
         self.models = HostModels(self.config, spec)
         self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self.models.build)
+        self.flops = FlopMeter()
         self.data = HostData(self.config, spec, self.algorithm.uses_public, self.pool)
         # Clients are built on first use (clients.py); other roles are few and kept whole.
         self.clients = HostedClients(
@@ -98,11 +105,17 @@ class ParticipantHost:
             for p in spec.participants
             if role_of(p) != "client"
         }
+        built = time.perf_counter()
         if spec.checkpoint_root and spec.resume_round:
             root = Location.of(spec.checkpoint_root)
             self.load(checkpoint_dir(root, spec.resume_round).uri)
+        loaded = time.perf_counter()
         self.warm_up()
-        return True
+        return {
+            "setup_s": built - began,
+            "checkpoint_s": loaded - built,
+            "warm_up_s": time.perf_counter() - loaded,
+        }
 
     def warm_up(self) -> None:
         clients = self.client_participants()
@@ -141,10 +154,8 @@ class ParticipantHost:
             states = [self._checkout(p, slot) for slot, p in enumerate(batch)]
             inbox_list, contexts = [i for i, _, _ in inputs], [c for _, _, c in inputs]
             with AlgorithmWarnings() as warned, self.precision(batch[0]):
-                if self._batched(phase):  # clients trained together (runtime.batch_clients)
-                    outputs = self.algorithm.train_batch(states, inbox_list, contexts)
-                else:  # one participant
-                    outputs = [step(states[0], inbox_list[0], contexts[0])]
+                outputs, flops = self._run_steps(phase, step, states, inbox_list, contexts)
+            result.flops += flops
             who = "+".join(batch)
             result.warnings += [
                 {"participant": who, "step": phase.step, "message": text}
@@ -158,6 +169,20 @@ class ParticipantHost:
                 result.tables += ctx.records
                 result.holders.update(ctx.holders)
         return result
+
+    def _run_steps(self, phase: Phase, step, states, inboxes, contexts) -> tuple[list, float]:
+        """The outputs of one batch's steps, and their FLOPs (metrics/flops.py): clients'
+        model passes as they run, a coordinator's step once per (role, step, inbox size)."""
+        if phase.role != "client":
+            key = (phase.role, phase.step, len(inboxes[0]))
+            output, flops = self.flops.step(key, lambda: step(states[0], inboxes[0], contexts[0]))
+            return [output], flops
+        with self.flops.passes() as counted:
+            if self._batched(phase):  # clients trained together (runtime.batch_clients)
+                outputs = self.algorithm.train_batch(states, inboxes, contexts)
+            else:
+                outputs = [step(states[0], inboxes[0], contexts[0])]
+        return outputs, counted.flops
 
     def _batched(self, phase: Phase) -> bool:
         """runtime.batch_clients > 1 trains the clients of a "train" phase together."""
@@ -193,6 +218,7 @@ class ParticipantHost:
             seed=self.spec.seed,
             sampled=sampled,
             federation=self.spec.federation,
+            evaluated=evaluation_due(round_index, self.config),
         )
         return inbox, stored, ctx
 
@@ -231,16 +257,53 @@ class ParticipantHost:
         return [p for p in self.spec.participants if role_of(p) == "client"]
 
     def evaluate(self) -> list[dict]:
-        """Loss and the task's metrics of every hosted client on its own test split."""
+        """Loss and the task's metrics of every hosted client on its own test split, and the
+        FLOPs of its evaluation (`flops`). Clients evaluated with one model (`_together`)
+        go through it together; the others one by one."""
         rows = []
-        for participant in self.client_participants():
-            state = self.clients.evaluation_state(participant)
-            model = self.algorithm.eval_model(state)
-            with self.precision(participant):
-                metrics = evaluate(model, state.data.test_x, state.data.test_y, state.data.task)
-            shard, name = self.spec.shards[participant], self.model_name(participant)
-            rows.append(client_row(shard, state.data, metrics, name, num_params(model)))
+        for group in self._together(self.client_participants()):
+            rows += self._evaluate_group(group) if len(group) > 1 else self._evaluate_one(group[0])
         return rows
+
+    def _together(self, participants: list[str]) -> list[list[str]]:
+        """Groups of clients evaluated with the same model (clients.evaluated_with); every
+        client alone when the algorithm has its own evaluation model (Ditto's personal one,
+        Per-FedAvg's adapted one)."""
+        if type(self.algorithm).eval_model is not Algorithm.eval_model:
+            return [[participant] for participant in participants]
+        groups: dict[object, list[str]] = {}
+        for participant in participants:
+            identity = self.clients.evaluated_with(participant)
+            groups.setdefault(participant if identity is None else identity, []).append(participant)
+        return list(groups.values())
+
+    def _evaluate_one(self, participant: str) -> list[dict]:
+        state = self.clients.evaluation_state(participant)
+        model = self.algorithm.eval_model(state)
+        test = (state.data.test_x, state.data.test_y, state.data.task)
+        with self.precision(participant), self.flops.passes() as counted:
+            (metrics,) = evaluate_together(model, [test])  # scored as in a group
+        size = num_params(model)
+        return [self._row(participant, state.data, metrics, size, counted.flops)]
+
+    def _evaluate_group(self, group: list[str]) -> list[dict]:
+        """Clients that share their evaluation model: one model, their test sets together
+        (tasks.objectives.evaluate_together); FLOPs shared out by test samples."""
+        model = self.clients.evaluation_state(group[0]).model
+        datas = [self.clients.client_data(participant) for participant in group]
+        tests = [(data.test_x, data.test_y, data.task) for data in datas]
+        with self.precision(group[0]), self.flops.passes() as counted:
+            results = evaluate_together(model, tests)
+        samples, size = max(1, sum(len(data.test_y) for data in datas)), num_params(model)
+        return [
+            self._row(p, data, metrics, size, counted.flops * len(data.test_y) / samples)
+            for p, data, metrics in zip(group, datas, results, strict=True)
+        ]
+
+    def _row(self, participant: str, data, metrics: dict, size: int, flops: float) -> dict:
+        shard, name = self.spec.shards[participant], self.model_name(participant)
+        row = client_row(shard, data, metrics, name, size)
+        return row | {"flops": flops}  # the round loop sums them up
 
     def state(self, participant: str) -> dict:
         """A copy of what `participant` keeps between rounds: `{"model": its state_dict (None
@@ -327,6 +390,11 @@ class ParticipantHost:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def evaluation_due(round_index: int, config: ExperimentConfig) -> bool:
+    """Whether the clients are evaluated after round `round_index` (round_loop.py)."""
+    return round_index % config.eval_every == 0 or round_index == config.rounds
 
 
 def cpu_copy(value):

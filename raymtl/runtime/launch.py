@@ -43,11 +43,22 @@ def ray_executors(cfg: ExperimentConfig) -> Callable[[], Executor]:
 
     from raymtl.runtime.ray_executor import RayExecutor, alive_nodes
 
-    start_ray(cfg)
+    seconds = start_ray(cfg)
     # The nodes the run starts on: one of them dead later (a recovery, the next seed) makes
     # the executors lay the client actors out on the nodes left.
     nodes = alive_nodes(ray)
-    return lambda: RayExecutor(cfg.runtime, nodes)
+    return ExecutorMaker(lambda: RayExecutor(cfg.runtime, nodes), seconds)
+
+
+class ExecutorMaker:
+    """A maker of fresh executors, and the seconds it took to start (or join) Ray for them:
+    the first federation to start records them in startup.parquet, then sets them to 0."""
+
+    def __init__(self, make: Callable[[], Executor], ray_start_s: float = 0.0):
+        self.make, self.ray_start_s = make, ray_start_s
+
+    def __call__(self) -> Executor:
+        return self.make()
 
 
 # runtime.executor -> (cfg -> a maker of fresh executors, ready to use)

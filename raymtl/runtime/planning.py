@@ -134,6 +134,7 @@ def build_setup(
     if cfg.runtime.address and cfg.runtime.memory_budget is None:
         check_memory(cfg, federation, executor.memory_available())
     by_name = {client_name(s.client_id): s for s in shards}
+    device = client_device(cfg, executor)  # before the pools travel: a refusal is cheap
     shared = executor.share_pools(pools)  # once per run in Ray's object store (None inline)
     specs = {
         name: HostSpec(
@@ -145,7 +146,7 @@ def build_setup(
             pools=shared if any(p in by_name for p in members) else None,
             seed=seed,
             torch_threads=max(1, int(cfg.runtime.num_cpus_per_actor)),
-            device=client_device(cfg) if members[0].startswith("client") else "cpu",
+            device=device if members[0].startswith("client") else "cpu",
             checkpoint_root=str(seed_dir),  # a path or a URI (runtime/storage.py)
             resume_round=resume_round,
             plugin_paths=search_paths(),
@@ -240,18 +241,34 @@ def host_layout(cfg: ExperimentConfig, federation: FederationInfo, executor: Exe
     return layout
 
 
-def client_device(cfg: ExperimentConfig) -> str:
-    """Client hosts train on a GPU when the actors ask for one and it is there."""
+def client_device(cfg: ExperimentConfig, executor: Executor | None = None) -> str:
+    """Client hosts train on a GPU when the actors ask for one and torch sees it there.
+
+    Under Ray the GPU is the actor's (Ray sets its CUDA_VISIBLE_DEVICES), not the driver's:
+    the executor asks a task holding an actor's GPU share (`torch_sees_gpu`). A cluster
+    that declares GPUs torch cannot use (`num_gpus` as a plain resource count) trains on
+    CPU under `device: auto`, and refuses `device: cuda` in one line, before any actor
+    starts: never a traceback inside an actor."""
     import torch
 
-    wants_gpu = cfg.runtime.device == "cuda" or (
-        cfg.runtime.device == "auto" and cfg.runtime.num_gpus_per_actor > 0
-    )
-    if cfg.runtime.device == "cuda" and cfg.runtime.num_gpus_per_actor == 0:
+    runtime = cfg.runtime
+    if runtime.device == "cuda" and runtime.num_gpus_per_actor == 0:
         raise ConfigError("runtime.device: 'cuda' needs runtime.num_gpus_per_actor > 0")
-    # Under Ray the GPU is the actor's (Ray sets CUDA_VISIBLE_DEVICES), not the driver's.
-    gpu_there = cfg.runtime.executor == "ray" or torch.cuda.is_available()
-    return "cuda" if wants_gpu and gpu_there else "cpu"
+    wants_gpu = runtime.device == "cuda" or (
+        runtime.device == "auto" and runtime.num_gpus_per_actor > 0
+    )
+    if not wants_gpu:
+        return "cpu"
+    probe = getattr(executor, "torch_sees_gpu", None)
+    seen = probe() if probe is not None else torch.cuda.is_available()  # None: not known
+    if seen is False and runtime.device == "cuda":
+        share = f"{runtime.num_gpus_per_actor:g}"
+        raise ConfigError(
+            f"runtime.device: 'cuda' but torch sees no GPU where a client actor runs "
+            f"(torch.cuda.is_available() is False in a task given {share} GPU); give "
+            "device: auto (CPU where torch sees none) or device: cpu"
+        )
+    return "cpu" if seen is False else "cuda"
 
 
 def group_blocks(num_clients: int, per_host: int) -> list[list[int]]:

@@ -8,6 +8,10 @@ is dead, the client actors are laid out on the nodes alive now: an explicit
 clients_per_actor whose actors no longer fit is raised (`replanned` says so in one line);
 results do not depend on the layout. Actors Ray cannot place within
 runtime.placement_timeout_s stop the run in one line (`RunStopped`), never a silent hang.
+
+runtime.autoscale asks the autoscaler for the client actors' bundles first
+(`request_room`); `torch_sees_gpu` tells the planner whether a GPU share is one torch can
+use (else `device: auto` trains on CPU); `kill_host` is runtime.inject_faults' kill.
 """
 
 from __future__ import annotations
@@ -98,11 +102,16 @@ class RayExecutor(Executor):
         self.graph = GraphActor.options(name=f"raymtl-{self.tag}-graph").remote()
         self.rehosted: dict[str, int] = {}  # host name -> replacements so far
         self.placed: set[str] = set()  # hosts whose actors Ray has started
+        # What each host's actor asked Ray for (hosts.parquet's num_cpus, num_gpus).
+        self.resources: dict[str, dict[str, float]] = {}
+        self.injected: set[str] = set()  # hosts killed by runtime.inject_faults
+        self._gpu_seen: bool | None = None  # torch_sees_gpu's answer, once asked
 
     def clients_per_actor(self, num_clients: int) -> int:
         limit = self.runtime.clients_per_actor
         if limit == "auto":
-            cpus = self._ray.cluster_resources().get("CPU", 1.0)
+            # Inside a Tune trial (compare --parallel, tune): the trial's placement group.
+            cpus = trial_group_cpus() or self._ray.cluster_resources().get("CPU", 1.0)
             limit = auto_clients_per_actor(num_clients, cpus, self.runtime.num_cpus_per_actor)
         gone = self.nodes_lost()
         return self._fit(num_clients, limit, gone) if gone else limit
@@ -212,10 +221,14 @@ class RayExecutor(Executor):
             resources = {
                 "num_cpus": self.runtime.num_cpus_per_actor,
                 "num_gpus": self.runtime.num_gpus_per_actor,
-                "scheduling_strategy": "SPREAD",
+                "scheduling_strategy": trial_group_strategy() or "SPREAD",
             }
         else:  # coordinators are light: they must not take a CPU slot from the clients
             resources = {"num_cpus": 0}
+        self.resources[name] = {
+            "num_cpus": float(resources["num_cpus"]),
+            "num_gpus": float(resources.get("num_gpus", 0.0)),
+        }
         actor_cls = ACTOR_OF_ROLE[role]
         # No Ray restarts: an actor restarted alone would reload an older checkpoint than its
         # peers hold. A lost host rolls the whole federation back instead (driver.py).
@@ -227,12 +240,14 @@ class RayExecutor(Executor):
         """Build every named actor in parallel. An exception raised by `build`, or by the
         actor's creation (its spec could not be unpickled there), is the configuration's or
         the node's: one ConfigError line. An actor that died otherwise is a lost host."""
+        began = time.perf_counter()
         self._await_placement(names)
+        self._placement_s = time.perf_counter() - began
         refs = {name: self.hosts[name].build.remote() for name in names}
-        failed, detail = [], ""
+        failed, detail, built = [], "", {}
         for name, ref in refs.items():
             try:
-                self._ray.get(ref)
+                built[name] = self._ray.get(ref)
             except self._ray.exceptions.RayTaskError as error:
                 raise build_error(name, error.cause or error) from error
             except self._ray.exceptions.RayActorError as error:
@@ -243,6 +258,11 @@ class RayExecutor(Executor):
         if failed:
             nodes = {name: self.nodes.get(name, "?") for name in failed}
             raise HostsLost("build", failed, nodes, detail)
+        return built
+
+    def hosts_up_seconds(self, started: float) -> float:
+        """The actors' creation, then the wait until every one answered (`_build`)."""
+        return started + getattr(self, "_placement_s", 0.0)
 
     def _await_placement(self, names) -> None:
         """Wait until Ray has placed and started every named actor (it answers `ping`); stop
@@ -319,18 +339,133 @@ class RayExecutor(Executor):
             raise HostsLost(method, failed, nodes, f"{answered}; {detail}")
         return [self.drop(name, method, detail) for name in failed]
 
-    def start(self, specs):
-        super().start(specs)
+    def start(self, specs) -> dict[str, float]:
+        if self.runtime.autoscale:
+            clients = sum(role_of(spec.participants[0]) == "client" for spec in specs.values())
+            self.request_room(clients)
+        seconds = super().start(specs)
         # Where each actor runs (faults.parquet names the node of a lost host).
         self.nodes = self._call("node", {name: () for name in self.hosts}).value
+        return seconds
+
+    def request_room(self, actors: int) -> None:
+        """runtime.autoscale: ask the autoscaler for room for `actors` client actors (a
+        bundle of num_cpus_per_actor CPUs and num_gpus_per_actor GPUs each; coordinators
+        take none) and wait until the nodes alive hold them, at most
+        runtime.placement_timeout_s; then stop the run in one line. The request stands
+        until the executor shuts down, so the nodes stay while the federation needs them."""
+        from ray.autoscaler.sdk import request_resources
+
+        runtime = self.runtime
+        cpus, gpus = runtime.num_cpus_per_actor, runtime.num_gpus_per_actor
+        bundle = {"CPU": cpus} | ({"GPU": gpus} if gpus else {})
+        request_resources(bundles=[bundle] * actors)
+        deadline = time.monotonic() + runtime.placement_timeout_s
+        alive = alive_nodes(self._ray)
+        while actors_that_fit(alive, cpus, gpus) < actors:
+            if time.monotonic() >= deadline:
+                request_resources(bundles=[])
+                raise RunStopped(
+                    f"runtime.autoscale: the autoscaler did not bring up room for {actors} "
+                    f"client actors of {actor_needs(runtime)} within "
+                    f"runtime.placement_timeout_s: {runtime.placement_timeout_s:g} s; the "
+                    f"{len(alive)} nodes alive have {nodes_have(alive, gpus > 0)}"
+                )
+            time.sleep(1.0)
+            alive = alive_nodes(self._ray)
+        log.info("autoscale: %d nodes alive hold the %d client actors", len(alive), actors)
+
+    def torch_sees_gpu(self) -> bool | None:
+        """Whether torch sees a GPU in a task given a client actor's GPU share (Ray sets its
+        CUDA_VISIBLE_DEVICES as it does the actor's); None when no such task was placed
+        within runtime.placement_timeout_s (then the actors' placement says why)."""
+        if self._gpu_seen is None:
+            ray = self._ray
+            probe = ray.remote(num_cpus=0, num_gpus=self.runtime.num_gpus_per_actor)
+            where = trial_group_strategy() or "DEFAULT"  # a Tune trial's GPUs are its group's
+            task = probe(torch_sees_gpu).options(max_retries=0, scheduling_strategy=where)
+            answer = task.remote()
+            ready, _ = ray.wait([answer], timeout=self.runtime.placement_timeout_s)
+            if not ready:
+                ray.cancel(answer, force=True)
+                return None
+            self._gpu_seen = bool(ray.get(answer))
+        return self._gpu_seen
+
+    def kill_host(self, name: str) -> None:
+        """runtime.inject_faults: kill host `name`'s actor (no restart), as a crashed
+        process would be, and wait until Ray reports it dead, so the fault falls in the
+        round it was meant for. The federation's recovery handles it like a real fault."""
+        handle = self.hosts[name]
+        self.injected.add(name)
+        self._ray.kill(handle, no_restart=True)
+        deadline = time.monotonic() + self.runtime.placement_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                self._ray.get(handle.ping.remote(), timeout=5.0)
+            except (self._ray.exceptions.RayActorError, self._ray.exceptions.GetTimeoutError):
+                return
+            time.sleep(0.1)
+
+    def drop(self, name: str, method: str, detail: str) -> dict:
+        row = super().drop(name, method, detail)
+        row["injected"] = name in getattr(self, "injected", ())  # built without __init__
+        return row
+
+    def layout(self) -> dict[str, dict]:
+        """Where each host runs: its node, the CPUs and GPUs its actor asked for, and the
+        device its clients train on (hosts.parquet)."""
+        return {
+            name: {
+                "node": self.nodes.get(name, "?"),
+                "num_cpus": self.resources.get(name, {}).get("num_cpus", 0.0),
+                "num_gpus": self.resources.get(name, {}).get("num_gpus", 0.0),
+                "device": self.specs[name].device,
+            }
+            for name in self.hosts
+        }
 
     def shutdown(self):
+        if self.runtime.autoscale:  # the nodes may go idle now, and be removed
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=[])
         # Before the actors go: their spilled state is on local disk. Only actors that came
         # up: a call to one never placed would wait for it forever.
         self._close_hosts([name for name in self.client_hosts() if name in self.placed])
         for handle in {id(h): h for h in [*self.hosts.values(), self.graph]}.values():
             self._ray.kill(handle)
         self._forget_hosts()
+
+
+def torch_sees_gpu() -> bool:
+    """Run inside a task holding a GPU share: whether torch sees a GPU there."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def trial_group_strategy():
+    """Inside a Tune trial's placement group (compare --parallel, tune): a strategy that
+    keeps a client actor in one of its bundles (SPREAD would place it outside the group,
+    on room another trial holds); None outside one."""
+    from ray.util import get_current_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = get_current_placement_group()
+    if group is None:
+        return None
+    return PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+
+
+def trial_group_cpus() -> float:
+    """The CPUs of the current placement group's bundles (0 outside one)."""
+    from ray.util import get_current_placement_group
+
+    group = get_current_placement_group()
+    if group is None:
+        return 0.0
+    return sum(bundle.get("CPU", 0.0) for bundle in group.bundle_specs)
 
 
 def one_line(error: BaseException) -> str:

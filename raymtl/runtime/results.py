@@ -23,6 +23,7 @@ class PhaseResult:
     holders: dict[str, int] = field(default_factory=dict)  # role -> the client holding it now
     warnings: list[dict] = field(default_factory=list)  # {participant, step, message}
     lost: list[dict] = field(default_factory=list)  # client hosts lost during the phase
+    flops: float = 0.0  # the steps' floating-point operations (metrics/flops.py)
 
     def add(self, other: PhaseResult) -> None:
         """Take another host's result in (hosts answer in the executor's order)."""
@@ -31,6 +32,7 @@ class PhaseResult:
         self.holders.update(other.holders)
         self.warnings += other.warnings
         self.lost += other.lost
+        self.flops += other.flops
 
 
 @dataclass(frozen=True)

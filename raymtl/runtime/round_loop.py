@@ -25,6 +25,7 @@ from raymtl.metrics import Recorder, fairness_stats
 from raymtl.runtime.accounting import charge, link_direction, round_bits
 from raymtl.runtime.executor import Executor
 from raymtl.runtime.faults import dropped_rows
+from raymtl.runtime.host import evaluation_due
 from raymtl.runtime.router import Router
 from raymtl.runtime.sampling import sample_clients
 
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 # steps (server, LPS, graph service, task leaders), the clients' other steps (receiving,
 # aligning), and the evaluation of every client.
 PHASE_KINDS = ("seconds_train", "seconds_aggregate", "seconds_receive")
+# The same kinds' floating-point operations (flops_train, ...; flops_evaluate), their sum
+# `flops` and the running total `cum_flops` (raymtl/flops.py says what is counted).
 # The evaluation's columns of rounds.parquet (NaN in a round without evaluation).
 EVALUATION_COLUMNS = (
     "mean_accuracy",
@@ -42,6 +45,11 @@ EVALUATION_COLUMNS = (
     "std_accuracy",
     "mean_loss",
 )
+
+
+def flops_column(kind: str) -> str:
+    """rounds.parquet's FLOPs column of a kind of phase: seconds_train -> flops_train."""
+    return kind.replace("seconds_", "flops_")
 
 
 def phase_kind(phase) -> str:
@@ -66,34 +74,39 @@ class RoundLoop:
         self.cfg, self.algorithm, self.recorder = cfg, algorithm, recorder
         self.executor, self.federation, self.seed = executor, federation, seed
 
-    def run(self, round_index: int, cumulative: list[int]) -> tuple[dict, list[dict]]:
+    def run(self, round_index: int, previous: dict) -> tuple[dict, list[dict]]:
         """All phases of one round, then its evaluation when due: the round's row of
-        rounds.parquet (without wall_time) and its clients' rows (evaluated rounds)."""
+        rounds.parquet (without wall_time) and its clients' rows (evaluated rounds).
+        `previous`: the running totals (accounting.CUMULATIVE) the round adds to."""
         n = self.federation.num_clients
         fraction = self.algorithm.params.sample_fraction
         sampled = sample_clients(self.seed, round_index, n, fraction)
-        router, holders, seconds = self.run_phases(round_index, sampled)
+        router, holders, seconds, flops = self.run_phases(round_index, sampled)
         ledger = charge(router.drain_ledger(), holders)
         self.recorder.add_messages(ledger)
         up = sum(r["bits"] for r in ledger if link_direction(r) == "up")
         down = sum(r["bits"] for r in ledger if link_direction(r) == "down")
-        cumulative = [cumulative[0] + up, cumulative[1] + down]
         row = {
             "seed": self.seed,
             "round": round_index,
             "bits_up": up,
             "bits_down": down,
-            "cum_bits_up": cumulative[0],
-            "cum_bits_down": cumulative[1],
-            "cum_bits": cumulative[0] + cumulative[1],
+            "cum_bits_up": previous["cum_bits_up"] + up,
+            "cum_bits_down": previous["cum_bits_down"] + down,
+            "cum_bits": previous["cum_bits_up"] + previous["cum_bits_down"] + up + down,
         }
         row.update(seconds)
         clients = []
+        flops["flops_evaluate"] = 0.0
         if self.eval_due(round_index):
             began = time.perf_counter()
             metrics, clients = self.evaluate(round_index, ledger)
             row.update(metrics)
             row["seconds_evaluate"] = time.perf_counter() - began
+            flops["flops_evaluate"] = sum(client.pop("flops", 0.0) for client in clients)
+        row.update(flops)
+        row["flops"] = sum(flops.values())
+        row["cum_flops"] = previous["cum_flops"] + row["flops"]
         report = self.executor.state_report()
         self.record_lost(round_index, report.lost)
         row.update(report.value)
@@ -105,18 +118,20 @@ class RoundLoop:
 
     def run_phases(self, round_index: int, sampled) -> tuple:
         """The round's phases in order: the router (its ledger), the roles' holders, and the
-        seconds by kind of phase (phases.parquet keeps each phase's)."""
+        seconds and FLOPs by kind of phase (phases.parquet keeps each phase's)."""
         executor, router, holders, warned = self.executor, Router(), {}, Counter()
         seconds = dict.fromkeys(PHASE_KINDS, 0.0) | {"clients_trained": 0}
+        flops = {flops_column(kind): 0.0 for kind in PHASE_KINDS}
         for index, phase in enumerate(self.algorithm.phases(round_index, self.cfg.rounds)):
             inboxes = router.take(self.participants(phase, sampled, router))
             began = time.perf_counter()
             result = executor.run_phase(round_index, phase, inboxes, sampled)
             took, kind = time.perf_counter() - began, phase_kind(phase)
             seconds[kind] += took
+            flops[flops_column(kind)] += result.flops
             seconds["clients_trained"] += len(inboxes) if kind == "seconds_train" else 0
             phase_row = {"index": index, "role": phase.role, "step": phase.step}
-            phase_row |= {"participants": len(inboxes), "seconds": took}
+            phase_row |= {"participants": len(inboxes), "seconds": took, "flops": result.flops}
             self.add_rows("phases", round_index, [phase_row])
             # What was handed to the hosts lost in this phase was never processed: it is not
             # delivered, and its bits are not counted.
@@ -142,7 +157,7 @@ class RoundLoop:
         self.record_lost(round_index, held.lost)
         if router.undelivered():
             raise RuntimeError(f"round {round_index}: messages left undelivered")
-        return router, holders, seconds
+        return router, holders, seconds, flops
 
     def participants(self, phase, sampled, router) -> list[str]:
         """The participants that run `phase`, among the hosts' survivors."""
@@ -178,7 +193,7 @@ class RoundLoop:
         return metrics, clients
 
     def eval_due(self, round_index: int) -> bool:
-        return round_index % self.cfg.eval_every == 0 or round_index == self.cfg.rounds
+        return evaluation_due(round_index, self.cfg)
 
     def add_rows(self, table: str, round_index: int, rows: list[dict]) -> None:
         if rows:

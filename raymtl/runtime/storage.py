@@ -10,8 +10,10 @@ written to a local folder first and copied to the URI at every checkpoint and at
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow.fs as pafs
 
@@ -59,11 +61,21 @@ class Location:
 
     def write_bytes(self, data: bytes) -> None:
         """Whole-file write; on a local disk through a temporary file and a rename (atomic)."""
+        self.write_stream(lambda stream: stream.write(data))
+
+    def write_stream(self, write: Callable[[BinaryIO], object]) -> None:
+        """`write(stream)` writes the file as it goes (no copy of it in memory first); on a
+        local disk into a temporary file renamed over the target when done (atomic)."""
         parent = self.path.rsplit("/", 1)[0]
         self.fs.create_dir(parent, recursive=True)
         target = f"{self.path}.tmp" if self.local else self.path
-        with self.fs.open_output_stream(target) as stream:
-            stream.write(data)
+        try:
+            with self.fs.open_output_stream(target) as stream:
+                write(stream)
+        except BaseException:  # a full disk: leave no partial file behind to fill it further
+            if self.local and os.path.exists(target):
+                os.remove(target)
+            raise
         if self.local:
             self.fs.move(target, self.path)
 

@@ -44,6 +44,16 @@ def clients(run: Path) -> pd.DataFrame:
     return frame[COLUMNS].reset_index(drop=True)
 
 
+def same_results(run: pd.DataFrame, reference: pd.DataFrame) -> bool:
+    """Every figure equal, the loss within float32 rounding: clients that share a model are
+    evaluated together (host.py), and a re-planned layout groups them differently, so a
+    sample's logits may differ in the last bit (a batch of another size)."""
+    exact = [column for column in COLUMNS if column != "loss"]
+    if not run[exact].equals(reference[exact]):
+        return False
+    return bool(((run["loss"] - reference["loss"]).abs() <= 1e-6 * reference["loss"].abs()).all())
+
+
 def crash_worker(cluster: Cluster, out: Path, name: str, worker_cpus: float, **settings) -> dict:
     """Run with a worker of `worker_cpus` CPUs that crashes once round 3 is done; what
     happened, as a mapping."""
@@ -70,7 +80,7 @@ def crash_worker(cluster: Cluster, out: Path, name: str, worker_cpus: float, **s
     faults = pd.read_parquet(run / "faults.parquet")
     result["faults"] = faults[["round", "host", "node", "recovery", "action"]].to_dict("records")
     if result["stopped"] is None:
-        result["equal"] = clients(run).equals(clients(out / "reference"))
+        result["equal"] = same_results(clients(run), clients(out / "reference"))
     result["seconds"] = time.monotonic() - began
     return result
 

@@ -216,3 +216,11 @@ def test_two_rounds_on_digits_give_finite_metrics_and_the_declared_bits(name, tm
         assert declared == BITS[name]
     else:  # a plugin this table does not know: it communicates
         assert rounds["cum_bits"].iloc[-1] > 0
+
+    # FLOPs (raymtl/flops.py): every algorithm trains and evaluates a model, so its clients'
+    # steps and the evaluation count work; the round's total is its kinds' sum, cumulated.
+    assert (rounds["flops_train"] + rounds["flops_receive"] > 0).all()
+    assert (rounds["flops_evaluate"] > 0).all()
+    kinds = rounds[["flops_train", "flops_aggregate", "flops_receive", "flops_evaluate"]]
+    assert rounds["flops"].tolist() == pytest.approx(kinds.sum(axis=1).tolist())
+    assert rounds["cum_flops"].tolist() == pytest.approx(rounds["flops"].cumsum().tolist())

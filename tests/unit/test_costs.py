@@ -20,7 +20,7 @@ NAN = float("nan")
 
 
 def round_row(seed: int, round_: int, accuracy: float, loss: float, evaluated=True) -> dict:
-    """Round r of a seed: cumulative bits 1000·r, wall time 2·r seconds."""
+    """Round r of a seed: cumulative bits 1000·r, 2·r TFLOPs, wall time 2·r seconds."""
 
     def metric(value: float) -> float:
         return value if evaluated else NAN
@@ -38,6 +38,8 @@ def round_row(seed: int, round_: int, accuracy: float, loss: float, evaluated=Tr
         "cum_bits_up": 500 * round_,
         "cum_bits_down": 500 * round_,
         "cum_bits": 1000 * round_,
+        "flops": 2e12,
+        "cum_flops": 2e12 * round_,
         "wall_time": 2.0 * round_,
     }
 
@@ -75,11 +77,13 @@ def test_target_reached_at_round_3_with_its_cumulative_bits(tmp_path: Path):
     run_dir = write_run(tmp_path, two_seed_rows(), config=target_config(0.8))
     target = summarize(run_dir, "fedavg")["target"]
     assert target["metric"] == "mean_accuracy" and target["target"] == 0.8
-    assert target["per_seed"] == {"0": {"round": 3, "bits": 3000.0, "wall_time": 6.0}, "1": None}
+    reached = {"round": 3, "bits": 3000.0, "flops": 6e12, "wall_time": 6.0}
+    assert target["per_seed"] == {"0": reached, "1": None}
     assert (target["seeds"], target["seeds_reached"], target["reached"]) == (2, 1, 0.5)
     # Mean ± std over the one seed that reached it.
     assert target["rounds"] == {"mean": 3.0, "std": 0.0}
     assert target["bits"] == {"mean": 3000.0, "std": 0.0}
+    assert target["flops"] == {"mean": 6e12, "std": 0.0}
     assert target["wall_time"] == {"mean": 6.0, "std": 0.0}
     assert json.loads((run_dir / "summary.json").read_text())["target"] == target
 
@@ -105,7 +109,12 @@ def test_mean_loss_target_is_reached_from_above(tmp_path: Path):
     run_dir = write_run(tmp_path, two_seed_rows())
     target = summarize(run_dir, "fedavg", target_config(0.9, "mean_loss"))["target"]
     # Seed 0: loss 0.9 at round 2 (<= 0.9); seed 1: 0.8 at round 3.
-    assert target["per_seed"]["0"] == {"round": 2, "bits": 2000.0, "wall_time": 4.0}
+    assert target["per_seed"]["0"] == {
+        "round": 2,
+        "bits": 2000.0,
+        "flops": 4e12,
+        "wall_time": 4.0,
+    }
     assert target["per_seed"]["1"]["round"] == 3
     assert target["reached"] == 1.0
 
@@ -113,7 +122,8 @@ def test_mean_loss_target_is_reached_from_above(tmp_path: Path):
 def test_worst_metric_target(tmp_path: Path):
     run_dir = write_run(tmp_path, two_seed_rows())
     target = summarize(run_dir, "fedavg", target_config(0.6, "worst10_accuracy"))["target"]
-    assert target["per_seed"] == {"0": {"round": 3, "bits": 3000.0, "wall_time": 6.0}, "1": None}
+    reached = {"round": 3, "bits": 3000.0, "flops": 6e12, "wall_time": 6.0}
+    assert target["per_seed"] == {"0": reached, "1": None}
 
 
 def test_no_target_no_target_key(tmp_path: Path):
@@ -175,6 +185,9 @@ def test_table_and_csv_columns(tmp_path: Path):
     assert "Rounds to target" in text and "Bits to target" in text
     assert "3.0±0.0 (1/2 seeds)" in text and "3.0 Kb (1/2 seeds)" in text
     assert "not reached" in text
+    assert "TFLOPs" in text and "TFLOPs to target" in text
+    assert "8 " in text  # 4 rounds of 2 TFLOPs, the run's total
+    assert "6 (1/2 seeds)" in text  # 3 rounds of 2 TFLOPs to the target
     assert "target: mean_accuracy >= 0.8" in text
     table = final_table([reached, not_reached]).set_index("experiment")
     assert table.loc["a", "peak_memory_bytes"] == pytest.approx(1.65e9)
@@ -182,8 +195,11 @@ def test_table_and_csv_columns(tmp_path: Path):
     assert table.loc["a", "target_reached"] == 0.5
     assert table.loc["a", "target_rounds_mean"] == 3.0
     assert table.loc["a", "target_bits_mean"] == 3000.0
+    assert table.loc["a", "target_flops_mean"] == 6e12
+    assert table.loc["a", "total_flops_mean"] == 8e12
     assert table.loc["b", "target_reached"] == 0.0
-    assert table.loc[["b"], ["target_rounds_mean", "target_bits_mean"]].isna().all(axis=None)
+    figures = ["target_rounds_mean", "target_bits_mean", "target_flops_mean"]
+    assert table.loc[["b"], figures].isna().all(axis=None)
 
 
 def test_csv_has_no_target_columns_without_a_target(tmp_path: Path):

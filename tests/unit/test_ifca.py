@@ -3,6 +3,7 @@ average, and the bits of a round against (|S_t| + N)·K·|θ|·32 down, |S_t|·(
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -156,3 +157,16 @@ def test_one_round_sends_the_bits_of_the_formula():
     bits_up = sum(payload_bits(m.tensors) for m in up)
     assert bits_down == (len(sampled) + n) * k * theta * 32
     assert bits_up == len(sampled) * (theta * 32 + 64)
+
+
+def test_no_evaluation_downlink_after_a_round_that_is_not_evaluated():
+    algorithm = IFCA(IFCAParams(clusters=2), model_factory=None)
+    server = State(model=nn.Linear(1, 1, bias=False))
+    server.extras["clusters"] = [{"weight": torch.tensor([[v]])} for v in (0.0, 10.0)]
+    upload = {"weight": torch.tensor([[4.0]]), "cluster": torch.tensor([1])}
+    context = dataclasses.replace(ctx(SERVER), evaluated=False)  # eval_every > 1
+    server, outbox = algorithm.aggregate(
+        server, [Message("client/1", SERVER, "model", upload)], context
+    )
+    assert outbox == []  # nothing to pick: the K models stay on the server
+    assert [float(m["weight"]) for m in server.extras["clusters"]] == [0.0, 4.0]

@@ -1,4 +1,6 @@
-"""Sheaf-FMTL's maths on hand-made tensors, its equivalence to dFedU, and its memory check."""
+"""Sheaf-FMTL's maths on hand-made tensors, its equivalence to dFedU, its maps' draw (the
+reference stream, N(0, σ²)), a round against the spec computed from scratch, and its memory
+check."""
 
 from __future__ import annotations
 
@@ -6,9 +8,10 @@ import pandas as pd
 import pytest
 import torch
 
-from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
+from raymtl.algorithms.base import FederationInfo, Message, State, StepContext, client_name
 from raymtl.algorithms.registry import get_algorithm
-from raymtl.algorithms.sheaf_fmtl import interaction_dim
+from raymtl.algorithms.sheaf_fmtl import SENT, draw_map, interaction_dim
+from raymtl.algorithms.training import derive_seed
 from raymtl.config import ConfigError, parse_config
 from raymtl.models import build_model
 from tests.conftest import digits_experiment
@@ -37,8 +40,8 @@ def projection(src: str, value: float) -> Message:
     return Message(src, "client/1", "projection", {"projection": torch.tensor([value])})
 
 
-def context(me):
-    return StepContext(me, 2, 5, 0, (0, 1, 2), PATH)
+def context(me, round_index=2, seed=0):
+    return StepContext(me, round_index, 5, seed, (0, 1, 2), PATH)
 
 
 def test_theta_step_by_hand():
@@ -52,8 +55,9 @@ def test_theta_step_by_hand():
     # Σ Pᵀ gap = (−3, 0) + (0, 2) = (−3, 2);  θ ← (1, 3) − 0.5·2·(−3, 2) = (4, 1)
     assert algorithm.flat_theta(state.model).tolist() == [4.0, 1.0]
     assert [(m.dst, m.tensors["projection"].tolist()) for m in outbox] == [
-        ("client/0", [4.0]), ("client/2", [2.0]),
-    ]  # the new P_1j θ_1  # fmt: skip
+        ("client/0", [4.0]),
+        ("client/2", [2.0]),
+    ]  # the new P_1j θ_1
 
 
 def test_map_step_by_hand():
@@ -101,17 +105,21 @@ def test_a_run_over_the_memory_budget_is_refused_with_its_knobs(tmp_path, capsys
 def test_with_identity_maps_a_round_is_a_dfedu_round(tmp_path):
     from raymtl.runtime import run_experiment
 
-    common = {"rounds": 1, "topology.kind": "erdos_renyi", "topology.params": {"p": 0.5},
-              "model.name": "logreg"}  # fmt: skip
-    sheaf_params = {"lr": 0.1, "lam": 0.5, "gamma": 1.0, "map_init": "identity",
-                    "map_lr": 0.0, "l2": 0.0}  # fmt: skip
+    common = {
+        "rounds": 1,
+        "topology.kind": "erdos_renyi",
+        "topology.params": {"p": 0.5},
+        "model.name": "logreg",
+    }
+    sheaf_params = {"lr": 0.1, "lam": 0.5, "gamma": 1.0, "map_init": "identity"}
+    sheaf_params |= {"map_lr": 0.0, "l2": 0.0}
     dfedu_params = {"lr": 0.1, "lam": 0.5, "epochs": 1, "similarity": "ones"}
-    runs = {
-        name: run_experiment(parse_config(digits_experiment(
-            tmp_path, **common, **{"algorithm.name": name, "algorithm.params": params})),
-            tmp_path / name)
-        for name, params in (("sheaf_fmtl", sheaf_params), ("dfedu", dfedu_params))
-    }  # fmt: skip
+    runs = {}
+    for name, params in (("sheaf_fmtl", sheaf_params), ("dfedu", dfedu_params)):
+        settings = {**common, "algorithm.name": name, "algorithm.params": params}
+        runs[name] = run_experiment(
+            parse_config(digits_experiment(tmp_path, **settings)), tmp_path / name
+        )
     sheaf_rows, dfedu_rows = (pd.read_parquet(d / "clients.parquet") for d in runs.values())
     pd.testing.assert_series_equal(sheaf_rows["loss"], dfedu_rows["loss"], rtol=1e-5, atol=1e-7)
     assert (sheaf_rows["accuracy"] == dfedu_rows["accuracy"]).all()
@@ -141,3 +149,128 @@ def test_a_cluster_run_is_held_to_what_ray_reports(tmp_path, capsys):
     )
     with pytest.raises(ConfigError, match="runtime.memory_budget: sheaf_fmtl needs"):
         check_memory(cfg, federation, reported=1000)  # what a (tiny) cluster reported
+
+
+def test_a_step_recomputes_what_an_earlier_round_kept():
+    """P_ij θ_i kept from another round is never used as this round's (θ has moved since)."""
+    algorithm = sheaf(lr=0.5, lam=2.0)
+    maps = {0: torch.tensor([[1.0, 0.0]]), 2: torch.tensor([[0.0, 2.0]])}
+    stale = (1, {0: torch.tensor([100.0]), 2: torch.tensor([-100.0])})
+    state = State(model=tiny_model((1.0, 3.0)), extras={"maps": maps, SENT: stale})
+    inbox = [projection("client/0", 4.0), projection("client/2", 5.0)]
+    state, _ = algorithm.theta_step(state, inbox, context("client/1"))
+    assert algorithm.flat_theta(state.model).tolist() == [4.0, 1.0]  # as test_theta_step_by_hand
+
+
+# -- the maps' draw ---------------------------------------------------------------------------
+def dims_inbox(me: int, dims: dict[int, int]) -> list[Message]:
+    """Round 1's announcements: neighbour j's d_j."""
+    return [
+        Message(client_name(j), client_name(me), "dim", {"dim": torch.tensor([d])})
+        for j, d in dims.items()
+    ]
+
+
+def test_maps_are_the_reference_stream_for_each_edge_and_reproducible():
+    """P_ij: bit for bit torch.randn(d_ij, d_i)·σ of a generator seeded with derive_seed(seed,
+    "map", i, j), the draw before draw_map, on both sides of torch's 16-entry threshold."""
+    for rows, cols in ((1, 1), (3, 5), (4, 4), (20, 500)):
+        for seed in (0, 7):
+            generator = torch.Generator().manual_seed(seed)
+            reference = torch.randn(rows, cols, generator=generator).mul_(0.01)
+            assert torch.equal(draw_map(rows, cols, 0.01, seed), reference)
+    algorithm = sheaf(gamma=0.5, init_std=0.1)
+    model = build_model("logreg", (1, 2, 2), 3)  # d = 3·4 + 3 = 15: d_ij = ⌊0.5·15⌋ = 7
+    drawn = []
+    for seed in (0, 0, 1):
+        state, ctx = State(model=model), context("client/1", round_index=1, seed=seed)
+        algorithm.init_maps(state, dims_inbox(1, {0: 15, 2: 15}), ctx)
+        drawn.append(state.extras["maps"])
+        [(table, row)] = ctx.records
+        assert table == "map_draws" and (row["i"], row["maps"]) == (1, 2)
+        assert row["bytes"] == 4 * 2 * 7 * 15 and row["seconds"] >= 0
+    for j in (0, 2):
+        expected = draw_map(7, 15, 0.1, derive_seed(0, "map", "client/1", j))
+        assert torch.equal(drawn[0][j], expected) and torch.equal(drawn[1][j], expected)
+        assert not torch.equal(drawn[2][j], expected)  # another seed, another map
+    assert not torch.equal(drawn[0][0], drawn[0][2])  # one generator per edge
+
+
+def test_map_entries_are_normal_with_the_given_std():
+    """400,000 entries of N(0, σ²): mean, std, kurtosis and the mass within one σ within four
+    standard errors of the normal's, and a Kolmogorov–Smirnov test that does not reject it."""
+    from scipy import stats
+
+    z = draw_map(400, 1000, 0.01, seed=3).double().flatten() / 0.01
+    n = z.numel()
+    assert abs(float(z.mean())) < 4 / n**0.5
+    assert abs(float(z.std()) - 1) < 4 * (0.5 / n) ** 0.5
+    assert abs(float((z**4).mean()) - 3) < 4 * (96 / n) ** 0.5
+    within = float((z.abs() < 1).double().mean())
+    assert abs(within - 0.682689) < 4 * (0.682689 * 0.317311 / n) ** 0.5
+    assert stats.kstest(z.numpy(), "norm").pvalue > 0.01
+
+
+# -- a round against the spec -----------------------------------------------------------------
+def spec_round(lr, lam, eta, thetas, maps):
+    """Steps 2-3 after training, as the code computed them before it kept P_ij θ_i: every
+    product recomputed where it is used. Returns (θ, maps, the θ-step's P_ij θ_i)."""
+    sent = {i: {j: maps[i][j] @ thetas[i] for j in sorted(maps[i])} for i in thetas}
+    new_thetas = {}
+    for i, theta in thetas.items():
+        gradient = torch.zeros_like(theta)
+        for j in sorted(maps[i]):
+            gradient += maps[i][j].T @ (maps[i][j] @ theta - sent[j][i])
+        new_thetas[i] = theta - lr * lam * gradient
+    sent = {i: {j: maps[i][j] @ new_thetas[i] for j in sorted(maps[i])} for i in thetas}
+    new_maps = {i: {j: m.clone() for j, m in maps[i].items()} for i in maps}
+    for i, theta in new_thetas.items():
+        for j in sorted(maps[i]):
+            gap = maps[i][j] @ theta - sent[j][i]
+            new_maps[i][j].addr_(gap, theta, alpha=-eta * lam)
+    return new_thetas, new_maps, sent
+
+
+def deliver(outboxes: dict[int, list[Message]]) -> dict[int, list[Message]]:
+    inboxes = {i: [] for i in outboxes}
+    for outbox in outboxes.values():
+        for message in outbox:
+            inboxes[int(message.dst.split("/")[1])].append(message)
+    return inboxes
+
+
+def test_a_round_is_the_spec_bit_for_bit():
+    """Three clients on a path, random θ and maps (γ = 0.5): θ-step, map step and the values
+    sent equal the spec computed from scratch, exactly; nothing is left kept after the round."""
+    lr, lam, eta = 0.5, 0.3, 0.2
+    algorithm = sheaf(lr=lr, lam=lam, map_lr=eta, gamma=0.5, init_std=0.3)
+    generator = torch.Generator().manual_seed(11)
+    states, ctxs = {}, {}
+    for i in range(3):
+        model = build_model("logreg", (1, 2, 2), 3)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+        states[i], ctxs[i] = State(model=model), context(client_name(i), round_index=1)
+        dims = {j: 15 for j in PATH.neighbours(i)}
+        algorithm.init_maps(states[i], dims_inbox(i, dims), ctxs[i])
+    thetas = {i: algorithm.flat_theta(s.model) for i, s in states.items()}
+    maps = {i: {j: m.clone() for j, m in s.extras["maps"].items()} for i, s in states.items()}
+    expected_thetas, expected_maps, expected_sent = spec_round(lr, lam, eta, thetas, maps)
+
+    # the end of "train" (SGD aside): P_ij θ_i to each neighbour
+    outboxes = {i: algorithm.projections(s, ctxs[i], thetas[i]) for i, s in states.items()}
+    inboxes = deliver(outboxes)
+    outboxes = {i: algorithm.theta_step(s, inboxes[i], ctxs[i])[1] for i, s in states.items()}
+    for i, outbox in outboxes.items():
+        for message in outbox:
+            j = int(message.dst.split("/")[1])
+            assert torch.equal(message.tensors["projection"], expected_sent[i][j])
+    inboxes = deliver(outboxes)
+    for i, state in states.items():
+        algorithm.map_step(state, inboxes[i], ctxs[i])
+        assert torch.equal(algorithm.flat_theta(state.model), expected_thetas[i])
+        for j, matrix in state.extras["maps"].items():
+            assert torch.equal(matrix, expected_maps[i][j]), (i, j)
+            assert not torch.equal(matrix, maps[i][j])  # the step did move it
+        assert SENT not in state.extras
