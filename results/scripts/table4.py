@@ -35,7 +35,14 @@ def row(summary: dict) -> str:
 
 
 def main(folder: str) -> None:
-    summaries = json.loads((Path(folder) / "summary.json").read_text())
+    folder = Path(folder)
+    if (folder / "summary.json").is_file():
+        summaries = json.loads((folder / "summary.json").read_text())
+    else:  # a comparison still running: the arms finished so far
+        summaries = [
+            {**json.loads(path.read_text()), "algorithm": path.parent.name}
+            for path in sorted(folder.glob("*/summary.json"))
+        ]
     print("| arm | accuracy % | MB transmitted | TFLOPs | peak memory MB | to the target |")
     print("|---|---|---|---|---|---|")
     for summary in summaries:

@@ -135,13 +135,13 @@ def test_recoveries_used_up_is_one_line_and_exit_code_3(tmp_path):
 
 def test_actors_no_node_can_hold_stop_the_run_within_the_wait(ray_session, make_config, tmp_path):
     """Client actors of 3 CPUs on the 2-CPU local Ray: never placed, and never a hang."""
-    settings = {**SETTINGS, "runtime.num_cpus_per_actor": 3, "runtime.placement_timeout_s": 5}
+    settings = {**SETTINGS, "runtime.num_cpus_per_actor": 3, "runtime.placement_timeout_s": 20}
     with pytest.raises(RunStopped) as stopped:
         run_experiment(make_config(**settings), tmp_path / "run")
     (line,) = str(stopped.value).splitlines()
     assert line == (
         "runtime: 2 of 3 actors (clients-0, clients-1; a client actor takes 3 CPUs) not "
-        "placed within runtime.placement_timeout_s: 5 s; the nodes alive have 2 CPUs"
+        "placed within runtime.placement_timeout_s: 20 s; the nodes alive have 2 CPUs"
     )
 
 
