@@ -15,6 +15,7 @@ from rich.console import Console
 from raymtl.comparison import final_table
 from raymtl.metrics import Recorder, results_table, summarize
 from raymtl.metrics.costs import format_bytes
+from raymtl.metrics.report import format_tflops
 
 NAN = float("nan")
 
@@ -186,7 +187,8 @@ def test_table_and_csv_columns(tmp_path: Path):
     assert "3.0±0.0 (1/2 seeds)" in text and "3.0 Kb (1/2 seeds)" in text
     assert "not reached" in text
     assert "TFLOPs" in text and "TFLOPs to target" in text
-    assert "8 " in text  # 4 rounds of 2 TFLOPs, the run's total
+    assert format_tflops(8e12) == "8" and format_tflops(float("nan")) == "-"
+    assert "│      8 │" in text  # 4 rounds of 2 TFLOPs, the run's total, in its column
     assert "6 (1/2 seeds)" in text  # 3 rounds of 2 TFLOPs to the target
     assert "target: mean_accuracy >= 0.8" in text
     table = final_table([reached, not_reached]).set_index("experiment")
