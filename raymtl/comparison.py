@@ -62,7 +62,13 @@ def compare(
     out = comparison_dir(configs, out)
     callbacks = tuple(callbacks)
     if parallel == 1:
-        runs = {cfg.name: run(cfg, callbacks=callbacks, run_dir=out / cfg.name) for cfg in configs}
+        from raymtl.runtime.actor_pool import reusing_actors
+
+        # One set of actors for every experiment and seed whose layout matches.
+        with reusing_actors(any(cfg.runtime.reuse_actors for cfg in configs)):
+            runs = {
+                cfg.name: run(cfg, callbacks=callbacks, run_dir=out / cfg.name) for cfg in configs
+            }
     else:
         from raymtl.python_api import results_of
         from raymtl.runtime.trials import run_seed_trials

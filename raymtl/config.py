@@ -177,7 +177,17 @@ class RuntimeConfig(Section):
         description="faults on purpose (Ray executor): {kill: clients, share: 0.2, seed: 7} "
         "or {kill: host, host: clients-1, round: 3}; each kills a Ray actor once",
     )
-    dashboard: bool = True
+    dashboard: bool = Field(
+        False,
+        description="a local Ray (address: null) starts Ray's dashboard on 127.0.0.1:8265, to "
+        "watch the actors; about 1.5 s more at start-up on 2 cores",
+    )
+    reuse_actors: bool = Field(
+        True,
+        description="seeds of a run and experiments of a sequential compare hand their actors "
+        "on to the next federation of the same layout (fresh state each time; results equal "
+        "separate runs'): no actor start-up after the first",
+    )
 
     @field_validator("inject_faults", mode="before")
     @classmethod

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import minimize
 
 _SQRT_EPS = 1e-8  # inside sqrt(wᵀAw + eps) of the objective (A normalised)
 _LAMBDA_EPS = 1e-8  # in c / (‖G_w‖ + eps) (norms relative to the largest delta)
@@ -69,6 +68,8 @@ def _solve(gram: np.ndarray, c: float) -> np.ndarray:
 
     def jac(w: np.ndarray) -> np.ndarray:
         return b + c * (gram @ w) / np.sqrt(max(w @ gram @ w, 0.0) + _SQRT_EPS)
+
+    from scipy.optimize import minimize  # 0.2 s to import: only where HCA runs
 
     start = np.full(k, 1.0 / k)
     res = minimize(

@@ -136,8 +136,9 @@ def community_anchors(
 
 def community_weights(clients, labels, s) -> dict[int, dict[int, float]]:
     """{i: {j: s_ij}} for j in i's community (j ≠ i)."""
+    values = torch.as_tensor(s).tolist()  # one conversion, not S² element reads
     return {
-        i: {j: float(s[a, b]) for b, j in enumerate(clients) if b != a and labels[a] == labels[b]}
+        i: {j: values[a][b] for b, j in enumerate(clients) if b != a and labels[a] == labels[b]}
         for a, i in enumerate(clients)
     }
 
@@ -148,6 +149,7 @@ def record_graph(ctx, graph, labels, views, quality: float) -> None:
     `true_group_i` (rotation group : class set) is what the reports score communities against.
     """
     groups, nan = ctx.federation.groups, float("nan")
+    s, fs, as_ = (torch.as_tensor(m).tolist() for m in (graph.s, graph.fs, graph.as_))
     for a, i in enumerate(graph.clients):
         classes = "-".join(str(c) for c in sorted(views[i].anchors))
         truth = f"{groups[i] if groups else 0}:{classes}"
@@ -157,9 +159,9 @@ def record_graph(ctx, graph, labels, views, quality: float) -> None:
                 GRAPH,
                 i=i,
                 j=j,
-                s_ij=nan if same else float(graph.s[a, b]),
-                fs_ij=nan if same else float(graph.fs[a, b]),
-                as_ij=nan if same else float(graph.as_[a, b]),
+                s_ij=nan if same else s[a][b],
+                fs_ij=nan if same else fs[a][b],
+                as_ij=nan if same else as_[a][b],
                 community_i=int(labels[a]),
                 true_group_i=truth,
                 modularity=quality,

@@ -6,7 +6,7 @@ partition kinds (partitions.py, task_splits.py); plugins add theirs with
 """
 
 from raymtl.data import partitions, sources, task_splits, user_sources  # noqa: F401  (built-ins)
-from raymtl.data.client_data import ClientData, materialize
+from raymtl.data.client_data import ClientData, materialize, materialize_many
 from raymtl.data.partition_registry import PARTITIONS, PartitionSpec, register_partition
 from raymtl.data.partitions import ClientShard, partition_clients
 from raymtl.data.source_registry import (
@@ -27,6 +27,7 @@ __all__ = [
     "Pool",
     "load_pool",
     "materialize",
+    "materialize_many",
     "partition_clients",
     "register_dataset",
     "register_partition",

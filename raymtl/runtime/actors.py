@@ -4,16 +4,21 @@ Client, server and LPS actors are `ParticipantHost`s whose payloads go through
 Ray's object store: `put` is called in the sending actor and `get` in the
 receiving one, so tensors move actor to actor and never through the driver.
 An actor's constructor keeps its spec only; the executor then calls `build`, so an error
-while building (a plugin, the data) comes back as that error, not as a dead actor.
+while building (a plugin, the data) comes back as that error, not as a dead actor. An actor
+kept for the next federation of the driver (actor_pool.py) is handed that federation's spec
+by `attach`, which drops everything of the host it was before.
 """
 
 from __future__ import annotations
+
+import gc
 
 import numpy as np
 import ray
 import torch
 
 from raymtl.runtime.host import ParticipantHost
+from raymtl.runtime.memory import peak_rss, reset_peak_rss, return_freed_memory
 
 
 def as_array(tensor: torch.Tensor):
@@ -30,9 +35,35 @@ def as_tensor(value) -> torch.Tensor:
 class ObjectStoreHost(ParticipantHost):
     """A ParticipantHost whose message payloads and data pools live in Ray's object store."""
 
-    def __init__(self, spec):
-        self._shared_pools = {}
-        super().__init__(spec)
+    def __init__(self, spec=None):
+        # No spec: the graph service, started before its federation exists; `attach` gives
+        # it one (and a kept actor its next federation's).
+        if spec is not None:
+            self._shared_pools = {}
+            super().__init__(spec)
+
+    def attach(self, spec) -> bool:
+        """Serve a new federation: forget the host this actor was (`release`), keep `spec`."""
+        self.release()
+        ObjectStoreHost.__init__(self, spec)
+        return True
+
+    def release(self) -> bool:
+        """Drop every attribute of the host this actor was (participants, states, data,
+        models), free their memory, and start the peak memory over: the next federation
+        sees a host as fresh as a new actor's."""
+        for name in list(vars(self)):
+            if not name.startswith("_ray"):  # anything Ray keeps on the instance stays
+                delattr(self, name)
+        gc.collect()
+        return_freed_memory()
+        reset_peak_rss()
+        return True
+
+    def peak_memory(self) -> int:
+        """Peak resident bytes of this actor's process since it was attached to this
+        federation (a reused actor's earlier federations are not counted)."""
+        return peak_rss()
 
     def put(self, tensors):
         # As numpy arrays: Ray writes them straight into the object store (a 6.6 MB model in
@@ -85,10 +116,6 @@ class GraphActor(ObjectStoreHost):
 
     def __init__(self):  # the federation (and so the HostSpec) does not exist yet
         pass
-
-    def attach(self, spec) -> bool:
-        ObjectStoreHost.__init__(self, spec)
-        return True
 
     def peer_mixing(self, kind: str, num_nodes: int, seed: int, params: dict) -> dict:
         from raymtl.graph.mixing import mixing_from_topology

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raymtl.config import ExperimentConfig, dump_config
+from raymtl.runtime.actor_pool import reusing_actors
 from raymtl.runtime.driver import Driver
 from raymtl.runtime.launch import executor_factory, start_ray
 from raymtl.runtime.run_dirs import (
@@ -67,7 +68,8 @@ def resume_experiment(
 def _drive(cfg, run_dir: Path, store: Location, progress, stop_after, callbacks) -> Path | str:
     """Run; returns the run directory (a path), or its URI for a run kept at a URI."""
     driver = Driver(cfg, run_dir, executor_factory(cfg), progress, store, callbacks)
-    driver.run(stop_after=stop_after)
+    with reusing_actors(cfg.runtime.reuse_actors):  # one set of actors for every seed
+        driver.run(stop_after=stop_after)
     if stop_after is None:
         finish_run(cfg, run_dir, store, callbacks)
     else:

@@ -13,7 +13,8 @@ is, and where the weights were between rounds, is the host's business.
 An algorithm that keeps no model (FedAvg) gets the working model at the architecture's
 initial weights and loads what its inbox brings; it is evaluated with the model the round's
 `evaluation_only` message gave it (`evaluation`), copied into the working model once for all
-clients that share it.
+clients that share it. Clients with weights of their own are evaluated from their kept
+tensors as they are (`evaluation_weights`), without copying them into a working model.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ from raymtl.runtime.client_state import ClientStates, WorkingModels
 class HostedClients:
     """The clients of one host: lazy data, kept state, working models, evaluation models."""
 
-    def __init__(self, keeps, init_state, make_data, model_name, budget, spill_root=None):
+    def __init__(
+        self, keeps, init_state, make_data, model_name, budget, spill_root=None, make_many=None
+    ):
         self.keeps = tuple(keeps)  # what the algorithm keeps of a client between rounds
         self.init_state = init_state  # (participant, data) -> the algorithm's initial State
         self.make_data = make_data  # participant -> ClientData (materialised from its shard)
+        self.make_many = make_many  # participants -> {participant: ClientData}, built together
         self.model_name = model_name  # participant -> the model it trains
         self.data: dict[str, object] = {}
         self.store = ClientStates(budget, spill_root)
@@ -41,6 +45,13 @@ class HostedClients:
         if participant not in self.data:
             self.data[participant] = self.make_data(participant)
         return self.data[participant]
+
+    def prepare(self, participants: list[str]) -> None:
+        """Build the data of those of `participants` not built yet, together (`make_many`):
+        an evaluation of 10,000 clients that never trained decodes their shards at once."""
+        missing = [participant for participant in participants if participant not in self.data]
+        if len(missing) > 1 and self.make_many is not None:
+            self.data.update(self.make_many(missing))
 
     def key(self, participant: str) -> tuple:
         """Clients of one key share a working model (same architecture and head)."""
@@ -83,6 +94,26 @@ class HostedClients:
 
     def evaluation_state(self, participant: str) -> State:
         return self.checkout(participant, overlay=self.evaluation.get(participant))
+
+    def evaluation_weights(self, participant: str) -> tuple[torch.nn.Module, dict]:
+        """The working model of the client's architecture and, without loading them into
+        it, the weights `evaluation_state(participant).model` would hold: its kept weights
+        (or the initial ones) with the round's evaluation copy over them, as
+        `WorkingModels.load` does (the copy cast to each entry's dtype and device)."""
+        data, key = self.client_data(participant), self.key(participant)
+        if key not in self.working.models or (self.keeps and participant not in self.store):
+            self.start(participant, data, key)
+        blob = self.store.get(participant) if self.keeps else None
+        weights = self.working.templates[key]
+        if blob and blob["model"] is not None:
+            weights = blob["model"]
+        overlay = self.evaluation.get(participant)
+        if overlay is not None:
+            weights = weights | {
+                name: value.to(dtype=weights[name].dtype, device=weights[name].device)
+                for name, value in overlay.items()
+            }
+        return self.working.models[key], weights
 
     def evaluated_with(self, participant: str) -> tuple | None:
         """What the client is evaluated with, by identity: (key, its kept weights, the

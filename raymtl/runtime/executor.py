@@ -210,7 +210,9 @@ class Executor(ABC):
         the value: each host's {file name: sha256} of what it wrote (for the manifest)."""
         return self._call("save", {name: (directory,) for name in self.hosts})
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep: bool = False) -> None:
+        """Stop the hosts. `keep`: the federation ended cleanly, so their processes may
+        serve the next one (the Ray executor's reuse session; in process, nothing to keep)."""
         self._close_hosts()
         self._forget_hosts()
 

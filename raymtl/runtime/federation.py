@@ -158,6 +158,7 @@ class Federation:
         with `finish`); a federation of its own then writes its run's summary."""
         if self._closed:
             return
+        finished = False  # the seed finished cleanly: its actors may serve the next one
         try:
             if finish and self.done and self._executor is not None:
                 if latest_checkpoint(self.seed_dir) != self.round:  # a callback stopped it
@@ -166,12 +167,13 @@ class Federation:
                 self.recorder.flush()
                 publish(self.run_dir, self.store)
                 self.seed_dir.child("DONE").write_text("done\n")
+                finished = True
                 if self._own_run:
                     finish_run(self.cfg, self.run_dir, self.store, self.callbacks)
             else:
                 self.recorder.flush()
         finally:
-            self._shutdown()
+            self._shutdown(keep=finished)
             self._closed = True
 
     def __enter__(self) -> Federation:
@@ -232,7 +234,11 @@ class Federation:
         ray_start = getattr(self.make_executor, "ray_start_s", 0.0)
         if ray_start:
             self.make_executor.ray_start_s = 0.0
-        startup |= {"ray_s": ray_start, "total_s": time.perf_counter() - began + ray_start}
+        startup |= {
+            "ray_s": ray_start,
+            "total_s": time.perf_counter() - began + ray_start,
+            "process_s": seconds_since_process_start(),
+        }
         self.recorder.add_rows("startup", [{"seed": self.seed, **startup}])
         self._wall, self._cumulative = resumed_totals(self.recorder.rounds(), self.seed, start)
         self._loop = RoundLoop(
@@ -377,6 +383,7 @@ class Federation:
         for host, peak in sorted(answer.value.items()):
             where = placed.get(host) or {
                 "node": "driver",
+                "actor": "",
                 "num_cpus": float("nan"),
                 "num_gpus": 0.0,
                 "device": self._executor.specs[host].device,
@@ -385,7 +392,24 @@ class Federation:
             rows.append(row | where)
         self.recorder.add_rows("hosts", rows)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, keep: bool = False) -> None:
+        """Stop the hosts; `keep` (a seed that finished cleanly) lets a reuse session keep
+        their actors for the next federation (actor_pool.py), which never reuses a failed
+        or rolled-back federation's."""
         if self._executor is not None:
             executor, self._executor = self._executor, None
-            executor.shutdown()
+            executor.shutdown(keep=keep)
+
+
+def seconds_since_process_start() -> float:
+    """Seconds since this (the driver's) process started: when a seed's hosts are ready,
+    how long the command has run before its first round (imports and Ray included). Linux:
+    the process's start time in /proc; elsewhere not known (NaN)."""
+    import os
+
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: since boot
+        return float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return float("nan")

@@ -4,7 +4,9 @@ the models it builds (each architecture once, then copies).
 Under Ray the driver puts every pool in the object store once per run (`share_pools`): the
 actors of a node map that one copy (numpy arrays, zero-copy) instead of each reading and
 decoding the dataset again. In process the pools come from `load_pool`'s per-process cache.
-A client's float tensors are still built (`materialize`) by its own host, on first use.
+A client's float tensors are still built (`materialize`) by its own host, on first use; the
+clients first used together (an evaluation of clients that never trained) are built together
+(`HostData.clients`: one decode per kind of shard, bit-identical).
 """
 
 from __future__ import annotations
@@ -96,27 +98,48 @@ class HostData:
         self.config, self.spec, self.uses_public = config, spec, uses_public
         self.pool_of = pool_of  # source name -> Pool (object store, or the process cache)
         self._public: torch.Tensor | None = None
+        self._pools: dict[str, Pool] = {}
 
     def load(self, source: str) -> Pool:
         from raymtl.data import load_pool
 
-        data_cfg = self.config.data
-        params = data_cfg.params if source == data_cfg.name else {}
-        return load_pool(source, data_cfg.root, data_cfg.download, self.spec.seed, **params)
+        if source not in self._pools:  # load_pool checks its parameters on every call
+            data_cfg = self.config.data
+            params = data_cfg.params if source == data_cfg.name else {}
+            self._pools[source] = load_pool(
+                source, data_cfg.root, data_cfg.download, self.spec.seed, **params
+            )
+        return self._pools[source]
 
     def client(self, participant: str):
-        from raymtl.data import materialize
+        return self.clients([participant])[participant]
 
-        shard, federation = self.spec.shards[participant], self.spec.federation
-        pool = self.pool_of(shard.source or self.config.data.name)
-        task = federation.task_specs[shard.task] if federation.task_specs else None
-        data = materialize(pool, shard, self.spec.seed, task, federation.input_shape)
-        if self.uses_public:  # one decoded copy per host, shared by its clients
-            data.public_x = self.public_samples()
-        if self.spec.device != "cpu":
-            for name in ("train_x", "train_y", "test_x", "test_y"):
-                setattr(data, name, getattr(data, name).to(self.spec.device))
-        return data
+    def clients(self, participants: list[str]) -> dict:
+        """Each participant's ClientData (`materialize`), built together per source and task
+        (`materialize_many`: one decode per kind of shard, the same tensors bit for bit)."""
+        from raymtl.data import materialize_many
+
+        federation, kinds = self.spec.federation, {}
+        for participant in participants:
+            shard = self.spec.shards[participant]
+            kinds.setdefault((shard.source or self.config.data.name, shard.task), []).append(
+                participant
+            )
+        built = {}
+        for (source, task_id), members in kinds.items():
+            task = federation.task_specs[task_id] if federation.task_specs else None
+            shards = [self.spec.shards[participant] for participant in members]
+            datas = materialize_many(
+                self.pool_of(source), shards, self.spec.seed, task, federation.input_shape
+            )
+            built.update(zip(members, datas, strict=True))
+        for data in built.values():
+            if self.uses_public:  # one decoded copy per host, shared by its clients
+                data.public_x = self.public_samples()
+            if self.spec.device != "cpu":
+                for name in ("train_x", "train_y", "test_x", "test_y"):
+                    setattr(data, name, getattr(data, name).to(self.spec.device))
+        return built
 
     def public_samples(self) -> torch.Tensor:
         """The public set's images as float tensors of the federation's input shape."""

@@ -11,6 +11,7 @@ that fits prints the need per host and in all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -75,3 +76,37 @@ def check_state_memory(algorithm, federation, hosts: dict, budget: int, build) -
         f"{gigabytes(largest)} per actor (budget {gigabytes(budget)})"
     )
     return {"total": total, "per_host": per_host, "per_client": per_client}
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory since it started or since `reset_peak_rss`, in
+    bytes (Linux's VmHWM; elsewhere getrusage's maximum, which cannot be reset)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> None:
+    """Start the peak over from the memory resident now (Linux: writing 5 to clear_refs), so
+    an actor reused for another federation reports that federation's peak alone."""
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak stays
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed by Python and torch back to the system (glibc's malloc_trim), so
+    an idle actor does not sit on what its last federation used."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

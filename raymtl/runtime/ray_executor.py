@@ -9,6 +9,11 @@ clients_per_actor whose actors no longer fit is raised (`replanned` says so in o
 results do not depend on the layout. Actors Ray cannot place within
 runtime.placement_timeout_s stop the run in one line (`RunStopped`), never a silent hang.
 
+Actors are reused: inside a reuse session (actor_pool.py: the seeds of a run, the
+experiments of a sequential compare) an executor takes idle actors of the kind it needs and
+`attach`es them to its specs, and one shut down after a clean federation (`keep`) hands its
+actors back instead of killing them.
+
 runtime.autoscale asks the autoscaler for the client actors' bundles first
 (`request_room`); `torch_sees_gpu` tells the planner whether a GPU share is one torch can
 use (else `device: auto` trains on CPU); `kill_host` is runtime.inject_faults' kill.
@@ -20,9 +25,11 @@ import logging
 import math
 import time
 import uuid
+from collections import Counter
 
 from raymtl.algorithms.base import role_of
 from raymtl.config import RuntimeConfig
+from raymtl.runtime.actor_pool import POOL, ActorKind
 from raymtl.runtime.executor import REHOSTABLE_ROLES, Executor, HostsLost, build_error
 from raymtl.runtime.faults import RunStopped
 from raymtl.runtime.results import Answer
@@ -90,16 +97,24 @@ class RayExecutor(Executor):
         super().__init__(runtime)
         import ray
 
-        from raymtl.runtime.actors import GraphActor
-
         self._ray = ray
+        # Actors come from (and go back to) the reuse session's pool: never in a Tune trial
+        # (its placement group ends with it) nor while the autoscaler is asked for nodes.
+        self.pooling = (
+            runtime.reuse_actors
+            and POOL.active
+            and not runtime.autoscale
+            and trial_group_strategy() is None
+        )
+        self.kinds: dict[str, ActorKind] = {}  # host name -> the kind of its actor
+        self._attaching: dict[str, object] = {}  # host name -> its pending `attach` call
         # The nodes alive when the run started (launch.py): one of them dead now is a lost
         # node, and the client actors are laid out on what is left.
         self.nodes_at_start = alive_nodes(ray) if nodes_at_start is None else nodes_at_start
         # Named actors (raymtl-<run tag>-<host>) show up readably in the dashboard and
         # `ray list actors`; the tag keeps concurrent runs on one cluster apart.
         self.tag = uuid.uuid4().hex[:8]
-        self.graph = GraphActor.options(name=f"raymtl-{self.tag}-graph").remote()
+        self._graph = None  # the graph service's actor, started when first asked for
         self.rehosted: dict[str, int] = {}  # host name -> replacements so far
         self.placed: set[str] = set()  # hosts whose actors Ray has started
         # What each host's actor asked Ray for (hosts.parquet's num_cpus, num_gpus).
@@ -195,6 +210,19 @@ class RayExecutor(Executor):
             )
         return dead
 
+    @property
+    def graph(self):
+        """The graph service's actor: peer topologies and the algorithm's graph steps. Started
+        (or taken from the reuse session) on first use: a federation without a peer graph or
+        a graph participant never starts its process."""
+        if self._graph is None:
+            from raymtl.runtime.actors import GraphActor
+
+            self._graph = self.pooling and POOL.take(GRAPH_KIND, "graph")
+            if not self._graph:
+                self._graph = GraphActor.options(name=f"raymtl-{self.tag}-graph").remote()
+        return self._graph
+
     def peer_mixing(self, kind, num_nodes, seed, params):
         return self._ray.get(self.graph.peer_mixing.remote(kind, num_nodes, seed, params))
 
@@ -208,33 +236,41 @@ class RayExecutor(Executor):
         """The memory Ray reports for the cluster's tasks and actors."""
         return int(self._ray.cluster_resources().get("memory", 0)) or super().memory_available()
 
+    def actor_kind(self, role: str) -> ActorKind:
+        """The kind of actor a host of `role` runs in: clients take runtime's CPUs and GPUs;
+        coordinators are light and must not take a CPU slot from the clients."""
+        if role == "graph":
+            return GRAPH_KIND
+        if role == "client":
+            runtime = self.runtime
+            return ActorKind(role, runtime.num_cpus_per_actor, runtime.num_gpus_per_actor)
+        return ActorKind(role, 0.0, 0.0)
+
     def _start_host(self, name, role, spec):
         from raymtl.runtime.actors import ACTOR_OF_ROLE
 
+        kind = self.kinds[name] = self.actor_kind(role)
         if role == "graph":  # the graph service also hosts the algorithm's graph steps
-            try:
-                self._ray.get(self.graph.attach.remote(spec))
-            except self._ray.exceptions.RayTaskError as error:  # the spec did not unpickle
-                raise build_error(name, error.cause or error) from error
+            self._attaching[name] = self.graph.attach.remote(spec)
             return self.graph
+        self.resources[name] = {"num_cpus": kind.num_cpus, "num_gpus": kind.num_gpus}
+        reused = self.pooling and POOL.take(kind, name)
+        if reused:  # an actor of the last federation: given this one's spec
+            self._attaching[name] = reused.attach.remote(spec)
+            return reused
+        resources = {"num_cpus": kind.num_cpus}
         if role == "client":
-            resources = {
-                "num_cpus": self.runtime.num_cpus_per_actor,
-                "num_gpus": self.runtime.num_gpus_per_actor,
-                "scheduling_strategy": trial_group_strategy() or "SPREAD",
-            }
-        else:  # coordinators are light: they must not take a CPU slot from the clients
-            resources = {"num_cpus": 0}
-        self.resources[name] = {
-            "num_cpus": float(resources["num_cpus"]),
-            "num_gpus": float(resources.get("num_gpus", 0.0)),
-        }
-        actor_cls = ACTOR_OF_ROLE[role]
+            resources["num_gpus"] = kind.num_gpus
+            resources["scheduling_strategy"] = trial_group_strategy() or "SPREAD"
         # No Ray restarts: an actor restarted alone would reload an older checkpoint than its
         # peers hold. A lost host rolls the whole federation back instead (driver.py).
-        return actor_cls.options(
-            name=f"raymtl-{self.tag}-{name}", max_restarts=0, max_task_retries=0, **resources
-        ).remote(spec)
+        return (
+            ACTOR_OF_ROLE[role]
+            .options(
+                name=f"raymtl-{self.tag}-{name}", max_restarts=0, max_task_retries=0, **resources
+            )
+            .remote(spec)
+        )
 
     def _build(self, names):
         """Build every named actor in parallel. An exception raised by `build`, or by the
@@ -245,6 +281,12 @@ class RayExecutor(Executor):
         self._placement_s = time.perf_counter() - began
         refs = {name: self.hosts[name].build.remote() for name in names}
         failed, detail, built = [], "", {}
+        attaching = [(name, self._attaching.pop(name)) for name in names if name in self._attaching]
+        for name, ref in attaching:  # the spec handed to the graph service or a kept actor
+            try:
+                self._ray.get(ref)
+            except self._ray.exceptions.RayTaskError as error:  # the spec did not unpickle
+                raise build_error(name, error.cause or error) from error
         for name, ref in refs.items():
             try:
                 built[name] = self._ray.get(ref)
@@ -318,8 +360,11 @@ class RayExecutor(Executor):
         self.settle_nodes([self.nodes.get(name, "?")], self.runtime.placement_timeout_s)
         spec = self.specs[name]
         role = role_of(spec.participants[0])
-        handle = self._start_host(f"{name}-r{self.rehosted[name]}", role, spec)
+        replacement = f"{name}-r{self.rehosted[name]}"
+        handle = self._start_host(replacement, role, spec)
         self.hosts[name] = handle
+        if replacement in self._attaching:  # a kept actor: awaited under the host's name
+            self._attaching[name] = self._attaching.pop(replacement)
         self._build([name])
         self._ray.get(handle.rehost.remote())
         log.warning("host %s replaced (%d); repeating %s", name, self.rehosted[name], method)
@@ -340,6 +385,11 @@ class RayExecutor(Executor):
         return [self.drop(name, method, detail) for name in failed]
 
     def start(self, specs) -> dict[str, float]:
+        if self.pooling:  # idle actors this layout cannot use would hold its CPUs
+            needed = Counter(
+                self.actor_kind(role_of(spec.participants[0])) for spec in specs.values()
+            )
+            POOL.keep_only(needed, self._ray.kill)
         if self.runtime.autoscale:
             clients = sum(role_of(spec.participants[0]) == "client" for spec in specs.values())
             self.request_room(clients)
@@ -413,11 +463,13 @@ class RayExecutor(Executor):
         return row
 
     def layout(self) -> dict[str, dict]:
-        """Where each host runs: its node, the CPUs and GPUs its actor asked for, and the
-        device its clients train on (hosts.parquet)."""
+        """Where each host runs: its node and actor, the CPUs and GPUs its actor asked for,
+        and the device its clients train on (hosts.parquet)."""
         return {
             name: {
                 "node": self.nodes.get(name, "?"),
+                # The actor's id: the same across seeds and experiments whose hosts reused it
+                "actor": self.hosts[name]._actor_id.hex(),
                 "num_cpus": self.resources.get(name, {}).get("num_cpus", 0.0),
                 "num_gpus": self.resources.get(name, {}).get("num_gpus", 0.0),
                 "device": self.specs[name].device,
@@ -425,7 +477,9 @@ class RayExecutor(Executor):
             for name in self.hosts
         }
 
-    def shutdown(self):
+    def shutdown(self, keep: bool = False):
+        """Stop the hosts: their actors are killed, or with `keep` (a federation that ended
+        cleanly) released and handed back to the reuse session's pool."""
         if self.runtime.autoscale:  # the nodes may go idle now, and be removed
             from ray.autoscaler.sdk import request_resources
 
@@ -433,9 +487,32 @@ class RayExecutor(Executor):
         # Before the actors go: their spilled state is on local disk. Only actors that came
         # up: a call to one never placed would wait for it forever.
         self._close_hosts([name for name in self.client_hosts() if name in self.placed])
-        for handle in {id(h): h for h in [*self.hosts.values(), self.graph]}.values():
-            self._ray.kill(handle)
+        actors = {id(h): (name, h) for name, h in self.hosts.items()}
+        if self._graph is not None:
+            actors.setdefault(id(self._graph), ("graph", self._graph))
+        if keep and self.pooling:
+            self._hand_back(list(actors.values()))
+        else:
+            for _, handle in actors.values():
+                self._ray.kill(handle)
         self._forget_hosts()
+
+    def _hand_back(self, actors: list[tuple[str, object]]) -> None:
+        """Release each actor's host (its memory freed) and put the actor in the pool; one
+        that does not answer is killed instead."""
+        releases = [(name, handle, handle.release.remote()) for name, handle in actors]
+        for name, handle, ref in releases:
+            try:
+                self._ray.get(ref, timeout=self.runtime.placement_timeout_s)
+            except Exception as error:  # dead or stuck: never handed to another federation
+                log.info("actor of host %s not kept: %s", name, one_line(error))
+                self._ray.kill(handle)
+                continue
+            kind = GRAPH_KIND if handle is self._graph else self.kinds[name]
+            POOL.give_back(handle, kind, name)
+
+
+GRAPH_KIND = ActorKind("graph", 0.0, 0.0)
 
 
 def torch_sees_gpu() -> bool:

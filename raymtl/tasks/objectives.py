@@ -7,16 +7,27 @@
 
 Micro averaging counts TP/FP/FN over every (sample, attribute) pair, as scikit-learn's
 `precision_recall_fscore_support(average="micro")`; an empty denominator gives 0.
+
+Evaluating many clients: `evaluate_together` runs clients that share one model through it
+together; `evaluate_stacked` runs clients that each have their own weights of one
+architecture together: for small models their weights stacked on a leading client axis k
+and the forward vmapped over it (torch.func), outputs_k = f(θ_k; x_k) for every k in one
+call; for large ones (where stacking costs more than it saves on a CPU) one functional call
+per client on its own tensors. Each client is scored on its own rows only, so its metrics
+are `evaluate_task`'s up to float32 rounding of the forward (~1e-7 relative; the same
+accuracy count).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, vmap
 
+from raymtl.flops import add_passes, paused
 from raymtl.tasks.spec import OptimizerSpec, TaskSpec
 
 LOSSES = {
@@ -104,13 +115,16 @@ def evaluate_task(
 def evaluate_together(
     model: nn.Module,
     tests: list[tuple[torch.Tensor, torch.Tensor, TaskSpec | None]],
-    batch: int = 512,
+    batch: int = 128,
 ) -> list[dict[str, float]]:
     """`evaluate_task` of one model on several clients' test sets `(x, y, task)` at once.
 
-    The sets are concatenated and run through the model in batches of `batch` samples; a
-    sample's output does not depend on the other samples of its batch (eval mode), so each
-    client is scored on the outputs `evaluate_task` would give it. Cross-entropy clients are
+    The sets are concatenated and run through the model (`faster_forward`) in batches of
+    `batch` samples; a sample's output does not depend on the other samples of its batch
+    (eval mode), so each client is scored on the outputs `evaluate_task` would give it. 128,
+    not 512: a 512-sample activation of `cnn_mnist` (51 MB) is above glibc's largest mmap
+    threshold (32 MB), so every batch maps fresh pages and faults them in (10,000 samples
+    in a Ray actor: 1.4-1.6 s at 128 against 1.7-2.0 s at 512). Cross-entropy clients are
     scored for all clients at once: per-sample losses and hits, summed per client in float64
     (the loss equals `evaluate_task`'s up to float32 summation order, ~1e-7 relative; the
     accuracy is the same count). Clients of other losses are scored one by one.
@@ -119,8 +133,48 @@ def evaluate_together(
     if not tests:
         return []
     xs = torch.cat([x for x, _, _ in tests])
-    outputs = torch.cat([model(xs[start : start + batch]) for start in range(0, len(xs), batch)])
-    sizes = [len(y) for _, y, _ in tests]
+    forward = faster_forward(model, xs, batch)
+    outputs = torch.cat([forward(xs[start : start + batch]) for start in range(0, len(xs), batch)])
+    return score_per_client(outputs, tests, [len(y) for _, y, _ in tests])
+
+
+def faster_forward(model: nn.Module, xs: torch.Tensor, batch: int) -> Callable:
+    """`model`, or for more than a batch of images on the CPU, `model` run on a
+    channels-last copy of its 4-D weights (`functional_call`; the module is left as it is).
+
+    Max pooling in torch's NCHW CPU kernel costs as much as the convolutions around it; in
+    channels-last it is about 4x faster, and the whole pass of `cnn_mnist` about 1.8x (2
+    cores, torch 2.14.1: 10,000 samples in 1.5 s against 2.6 s). The copy is the weights
+    once. The outputs differ from NCHW's in float32 rounding only (~1e-7, as another batch
+    size gives), which `evaluate_together`'s contract already allows.
+    """
+    state = {name: t.detach() for name, t in model.state_dict().items()}
+    convolutional = [name for name, t in state.items() if t.dim() == 4]
+    if xs.dim() != 4 or xs.device.type != "cpu" or len(xs) <= batch or not convolutional:
+        return model
+    if any(not state[name].is_contiguous() for name in convolutional):
+        return model  # already channels-last (runtime.precision bf16-mixed)
+    for name in convolutional:  # NHWC strides even where NCHW's also fit (one input channel)
+        nhwc = torch.empty_like(state[name], memory_format=torch.channels_last)
+        state[name] = nhwc.copy_(state[name])
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        # The FLOPs hooks cannot copy a module whose parameters are swapped out: the pass
+        # is counted by hand, on the module as it is (the same count as the NCHW pass).
+        add_passes(model, x, torch.is_grad_enabled(), 1)
+        with paused():
+            return functional_call(model, state, (x,))
+
+    return forward
+
+
+def score_per_client(
+    outputs: torch.Tensor,
+    tests: list[tuple[torch.Tensor, torch.Tensor, TaskSpec | None]],
+    sizes: list[int],
+) -> list[dict[str, float]]:
+    """Each client's metrics from its `sizes[k]` consecutive rows of `outputs`: all
+    cross-entropy clients at once, clients of other losses one by one."""
     if all(task is None or task.loss == "cross_entropy" for _, _, task in tests):
         return cross_entropy_per_client(outputs, torch.cat([y for _, y, _ in tests]), sizes)
     results, offset = [], 0
@@ -130,6 +184,93 @@ def evaluate_together(
         results.append(metrics.result())
         offset += size
     return results
+
+
+# Above this many bytes of weights per model, stacking does not pay on a CPU. A one-sample
+# client's pass reads its weights once; stacking first copies them (a read and a write), and
+# vmap turns convolutions into grouped ones that run no faster than one by one. Measured on
+# 2 cores (torch 2.14.1), ms per one-sample client, stacked against a functional_call per
+# client: logreg (31 KB) 0.02 against 0.1, mlp (100 KB) 0.03 against 0.12, cnn_mnist (6.6 MB) 3.5
+# against 1.5 (benchmarks/RESULTS.md, "Evaluation at scale").
+STACK_BYTES = 1 << 20
+
+
+@torch.no_grad()
+def evaluate_stacked(
+    skeleton: nn.Module,
+    weights: list[dict[str, torch.Tensor]],
+    tests: list[tuple[torch.Tensor, torch.Tensor, TaskSpec | None]],
+    batch: int = 512,
+    max_clients: int = 32,
+) -> list[dict[str, float]]:
+    """`evaluate_task` of client k's weights `weights[k]` on its test set `tests[k]`, for
+    clients whose models share one architecture: `skeleton`'s class, and the names, shapes
+    and dtypes of every entry of `weights[k]` (its state_dict: parameters and buffers).
+
+    Models over `STACK_BYTES` are run client by client on their own tensors
+    (`functional_call`, no copy). Smaller ones are taken in chunks of at most `max_clients`
+    (the stacked copy of their weights is the memory this costs) and about `batch` samples:
+    their weights stacked to (K, ...),
+    their test sets zero-padded to the chunk's longest, and `functional_call(skeleton, θ_k,
+    x_k)` vmapped over k. Eval mode (BatchNorm from its running statistics, passed as
+    buffers; no dropout) makes a sample's output independent of the other rows, so the
+    padding changes nothing and is dropped before scoring (`score_per_client`).
+    """
+    skeleton.eval()
+    sizes = [len(y) for _, y, _ in tests]
+    if not tests:
+        return []
+    if sum(t.numel() * t.element_size() for t in weights[0].values()) > STACK_BYTES:
+        rows = [
+            functional_call(skeleton, w, (x[start : start + batch],))
+            for w, (x, _, _) in zip(weights, tests, strict=True)
+            for start in range(0, len(x), batch)
+        ]
+        return score_per_client(torch.cat(rows), tests, sizes)
+    outputs: list[torch.Tensor | None] = [None] * len(tests)
+    order = sorted(range(len(tests)), key=lambda k: sizes[k])  # little padding in a chunk
+    reused: dict[str, torch.Tensor] = {}  # the stacks' memory, written over chunk by chunk
+    start = 0
+    while start < len(order):
+        longest = max(1, sizes[order[start]])
+        fits = max(1, min(max_clients, batch // longest))
+        chunk = order[start : start + fits]
+        longest = max(1, max(sizes[k] for k in chunk))
+        chunk_weights = [weights[k] for k in chunk]
+        chunk_xs = [tests[k][0] for k in chunk]
+        chunk_outputs = _stacked_forward(skeleton, chunk_weights, chunk_xs, longest, batch, reused)
+        for k, rows in zip(chunk, chunk_outputs, strict=True):
+            outputs[k] = rows[: sizes[k]]
+        start += len(chunk)
+    return score_per_client(torch.cat([out for out in outputs if out is not None]), tests, sizes)
+
+
+def _stacked_forward(
+    skeleton: nn.Module,
+    weights: list[dict[str, torch.Tensor]],
+    xs: list[torch.Tensor],
+    longest: int,
+    batch: int,
+    reused: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """(K, longest, ...) outputs of K clients' weights on their zero-padded inputs. The
+    stacks are written into `reused` (grown when a chunk is larger): a fresh allocation of
+    K models' weights per chunk costs more in page faults than the copy itself."""
+    stacked = {}
+    for name, first in weights[0].items():
+        shape = (len(weights), *first.shape)
+        if name not in reused or len(reused[name]) < len(weights):
+            reused[name] = first.new_empty(shape)
+        stacked[name] = torch.stack([w[name] for w in weights], out=reused[name][: len(weights)])
+    padded = xs[0].new_zeros((len(xs), longest, *xs[0].shape[1:]))
+    for k, x in enumerate(xs):
+        padded[k, : len(x)] = x
+    forward = vmap(lambda state, x: functional_call(skeleton, state, (x,)))
+    rows = max(1, batch // len(xs))  # about `batch` samples per call, all clients together
+    return torch.cat(
+        [forward(stacked, padded[:, start : start + rows]) for start in range(0, longest, rows)],
+        dim=1,
+    )
 
 
 def cross_entropy_per_client(

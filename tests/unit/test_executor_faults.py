@@ -52,6 +52,7 @@ def executor(failures: dict, fraction: float = 1.0) -> RayExecutor:
     ex = object.__new__(RayExecutor)  # no graph actor, no cluster: only the call logic
     ex.runtime = RuntimeConfig(min_clients_fraction=fraction)
     ex._ray = FakeRay(failures)
+    ex._attaching = {}
     ex.hosts = {name: FakeHost(name) for name in ("clients-0", "clients-1", "server")}
     ex.members = {
         "clients-0": ("client/0", "client/1"),

@@ -29,3 +29,6 @@ def test_every_seed_records_its_start_up(tmp_path: Path):
     # The parts add up to the whole; the build's slowest host is inside the build.
     assert (startup[PARTS].sum(axis=1) <= startup["total_s"] + 1e-6).all()
     assert (startup["warm_up_s"] + startup["setup_s"] <= startup["build_s"] + 1e-6).all()
+    # From the process's start: at least the seed's own start-up, and later for seed 1.
+    assert (startup["process_s"] >= startup["total_s"]).all()
+    assert startup["process_s"].iloc[1] > startup["process_s"].iloc[0]

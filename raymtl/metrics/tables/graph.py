@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from sklearn.metrics import adjusted_rand_score
 
 from raymtl.metrics.extras import table_plotter, table_reporter
 from raymtl.metrics.figures import save_figure
+from raymtl.metrics.statistics import adjusted_rand_score
 
 
 def memberships(graph: pd.DataFrame) -> pd.DataFrame:

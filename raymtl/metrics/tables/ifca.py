@@ -18,10 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import adjusted_rand_score
 
 from raymtl.metrics.extras import table_reporter
-from raymtl.metrics.statistics import mean_and_std
+from raymtl.metrics.statistics import adjusted_rand_score, mean_and_std
 
 
 def truth(rows: pd.DataFrame) -> pd.Series:

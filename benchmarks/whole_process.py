@@ -1,0 +1,167 @@
+"""What a user waits for: whole processes, from the command to its end.
+
+(a) raymtl: the overhead workload (benchmarks/overhead.py: FedAvg, Fashion-MNIST, 20
+    clients, cnn_mnist, 5 rounds) run by `raymtl.run` in a fresh process with raymtl's
+    defaults (a local Ray of its own), in fp32 and in bf16-mixed: the whole process, and the
+    seconds from the process's start to its first round's start.
+(b) the plain loop: the same FedAvg client updates in one fresh process, fp32
+    (overhead.py's `run_plain`: data, model, rounds, evaluation).
+(c) a 4-arm comparison (FedAvg, FedProx, Local, Ditto on rotated digits, 2 seeds, 3 rounds)
+    by `raymtl.compare` in a fresh process, with runtime.reuse_actors on and off.
+
+`--code DIR` runs (a) and (c) against another checkout of raymtl (PYTHONPATH=DIR; e.g.
+`git archive <commit> | tar -x -C DIR`), for the old code in the same sitting. Medians of
+--repeats runs.
+
+    .venv/bin/python benchmarks/whole_process.py                       # this checkout
+    .venv/bin/python benchmarks/whole_process.py --code /tmp/old --only raymtl,compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def since_process_start() -> float:
+    """Seconds since this process started (Linux /proc), so interpreter and imports count."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return float(Path("/proc/uptime").read_text().split()[0]) - started
+
+
+def overhead_experiment(out: Path, precision: str) -> dict:
+    """overhead.py's experiment with raymtl's own runtime defaults (dashboard included)."""
+    sys.path.insert(0, str(HERE))
+    from overhead import experiment
+
+    args = argparse.Namespace(
+        dataset="fashion_mnist",
+        clients=20,
+        rounds=5,
+        epochs=1,
+        max_samples=500,
+        precision=precision,
+    )
+    raw = experiment(args, out)
+    raw["runtime"] = {"executor": "ray"} | ({"precision": precision} if precision != "fp32" else {})
+    return raw
+
+
+def child_raymtl(precision: str, out: Path) -> dict:
+    import raymtl
+
+    first_round = {}
+
+    class FirstRound(raymtl.Callback):
+        def on_round_end(self, event) -> None:
+            if event.round == 1 and not first_round:  # the round's own seconds taken off
+                first_round["s"] = since_process_start() - float(event.row["wall_time"])
+
+    results = raymtl.run(overhead_experiment(out, precision), callbacks=[FirstRound()])
+    rounds = results.rounds
+    return {
+        "first_round_s": first_round["s"],
+        "rounds_s": float(rounds["wall_time"].max()),
+        "accuracy": float(rounds["mean_accuracy"].dropna().iloc[-1]),
+    }
+
+
+def child_plain(out: Path) -> dict:
+    sys.path.insert(0, str(HERE))
+    from overhead import run_plain
+
+    from raymtl.config import parse_config
+
+    result = run_plain(parse_config(overhead_experiment(out, "fp32")))
+    return {"rounds_s": result["rounds_s"], "accuracy": result["accuracy"]}
+
+
+def child_compare(reuse: str, out: Path) -> dict:
+    import raymtl
+
+    overrides = ["algorithm.name=fedavg,fedprox,local,ditto", "rounds=3", "seeds=[0,1]"]
+    overrides += ["output.plots=false", f"output.dir={out}"]
+    if reuse != "default":
+        overrides.append(f"runtime.reuse_actors={reuse}")
+    comparison = raymtl.compare([str(HERE.parent / "jobs/fedavg_digits.yaml")], overrides, out=out)
+    return {"accuracy": float(comparison.table["mean_accuracy_mean"].iloc[0])}
+
+
+def run_child(kind: str, option: str, code: str | None) -> dict:
+    """One fresh process; its whole wall time and what it reported."""
+    env = dict(os.environ)
+    if code:
+        env["PYTHONPATH"] = code
+    with tempfile.TemporaryDirectory(prefix="raymtl-whole-") as out:
+        command = [sys.executable, __file__, "--child", kind, option, out]
+        began = time.perf_counter()
+        done = subprocess.run(
+            command, env=env, cwd=out, capture_output=True, text=True, check=False
+        )
+        whole = time.perf_counter() - began
+    if done.returncode:
+        raise SystemExit(f"{kind} {option} failed:\n{done.stderr[-3000:]}")
+    return {"whole_s": whole, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def median_of(results: list[dict]) -> dict:
+    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--code", default=None, help="run (a) and (c) against this checkout")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="raymtl,plain,compare")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, option, out = args.child
+        runners = {
+            "raymtl": lambda: child_raymtl(option, Path(out)),
+            "plain": lambda: child_plain(Path(out)),
+            "compare": lambda: child_compare(option, Path(out)),
+        }
+        print(json.dumps(runners[kind]()))
+        return
+    wanted = args.only.split(",")
+    code = f" (code: {args.code})" if args.code else ""
+    print(f"load average before: {os.getloadavg()}{code}")
+    cases = []
+    if "plain" in wanted:
+        cases.append(("plain", "fp32"))
+    if "raymtl" in wanted:
+        cases += [("raymtl", "fp32"), ("raymtl", "bf16-mixed")]
+    if "compare" in wanted:
+        # runtime.reuse_actors off and on, where the code has it (older code: its default)
+        root = Path(args.code) if args.code else HERE.parent
+        reuses = (root / "raymtl/runtime/actor_pool.py").is_file()
+        options = ["false", "true"] if reuses else ["default"]
+        cases += [("compare", option) for option in options]
+    print("| run | option | whole process s | to first round s | rounds s | accuracy |")
+    print("|---|---|---|---|---|---|")
+    for kind, option in cases:
+        code_dir = None if kind == "plain" else args.code
+        result = median_of([run_child(kind, option, code_dir) for _ in range(args.repeats)])
+        first = f"{result['first_round_s']:.1f}" if "first_round_s" in result else "–"
+        rounds = f"{result['rounds_s']:.1f}" if "rounds_s" in result else "–"
+        print(
+            f"| {kind} | {option} | {result['whole_s']:.1f} | {first} | {rounds} | "
+            f"{result['accuracy']:.3f} |",
+            flush=True,
+        )
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Host actors kept alive between the federations of one driver process, and reused.
+
+Starting a host actor costs a process, Ray's worker start-up and torch's import: about 2 s of
+CPU each, seconds of wall time per seed on a small machine. Within a reuse session (every
+seed of `raymtl run`, every experiment and seed of a sequential `raymtl compare`), a
+federation that finishes cleanly hands its actors back here, and the next federation whose
+layout asks for actors of the same kind (role, CPUs, GPUs) takes them instead of starting
+new ones. A taken actor is re-attached to its new spec (`ObjectStoreHost.attach`): every
+attribute of the old host is dropped first, so a federation starts from fresh state and its
+results equal a separate run's (tests/integration/test_actor_reuse.py). The process-wide
+leftovers are what a fresh process would also build the same way (imported modules, torch's
+thread pools, FLOP measurements of a module shape).
+
+What is never reused: the actors of a federation that ended on an error or a lost host (they
+may be dead or half-way through a step), actors inside a Ray Tune trial's placement group
+(the trial's group ends with it), and anything once the session closes: the outermost
+session kills every idle actor, so a notebook is not left holding the cluster's CPUs.
+Idle actors of a kind the next federation does not need are killed before it places its own
+(an idle actor holds its CPUs: it could keep a differently laid out federation from fitting).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ActorKind:
+    """What makes two host actors interchangeable: the role (the actor class) and the
+    resources Ray gave it."""
+
+    role: str
+    num_cpus: float
+    num_gpus: float
+
+
+@dataclass
+class IdleActor:
+    handle: object
+    kind: ActorKind
+    host: str  # the host name it served last: taken again by that host name first
+
+
+class ActorPool:
+    """The idle host actors of this process, by kind; `sessions` > 0 while reuse is on."""
+
+    def __init__(self) -> None:
+        self.idle: list[IdleActor] = []
+        self.sessions = 0
+        self.reused = 0  # actors handed out again, over the process's life (tests, logs)
+
+    @property
+    def active(self) -> bool:
+        return self.sessions > 0
+
+    def take(self, kind: ActorKind, host: str):
+        """An idle actor of `kind` (the one that served `host` last, if idle), or None."""
+        matching = [idle for idle in self.idle if idle.kind == kind]
+        if not matching:
+            return None
+        chosen = next((idle for idle in matching if idle.host == host), matching[0])
+        self.idle.remove(chosen)
+        self.reused += 1
+        return chosen.handle
+
+    def give_back(self, handle, kind: ActorKind, host: str) -> None:
+        self.idle.append(IdleActor(handle, kind, host))
+
+    def keep_only(self, needed: Counter, kill) -> None:
+        """Kill the idle actors beyond what `needed` (kind -> count) can use."""
+        wanted = Counter(needed)
+        kept = []
+        for idle in self.idle:
+            if wanted[idle.kind] > 0:
+                wanted[idle.kind] -= 1
+                kept.append(idle)
+            else:
+                kill(idle.handle)
+        self.idle = kept
+
+    def drain(self, kill) -> None:
+        """Kill every idle actor."""
+        idle, self.idle = self.idle, []
+        for actor in idle:
+            try:
+                kill(actor.handle)
+            except Exception as error:  # Ray already shut down: the actor is gone with it
+                log.info("killing an idle actor: %s", error)
+
+
+POOL = ActorPool()
+
+
+def ray_kill(handle) -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.kill(handle)
+
+
+@contextlib.contextmanager
+def reusing_actors(enabled: bool = True) -> Iterator[ActorPool]:
+    """A reuse session: federations started inside it hand their actors on to the next one.
+    Sessions nest (a comparison's runs inside the comparison's session); the outermost one
+    kills the idle actors when it ends. `enabled=False` opens no session."""
+    if not enabled:
+        yield POOL
+        return
+    POOL.sessions += 1
+    try:
+        yield POOL
+    finally:
+        POOL.sessions -= 1
+        if POOL.sessions == 0:
+            POOL.drain(ray_kill)

@@ -1,0 +1,33 @@
+"""The reuse session's pool of idle actors (no Ray): which idle actor a host takes, which
+are killed for a layout that cannot use them, and that only the outermost session kills."""
+
+from __future__ import annotations
+
+from raymtl.runtime.actor_pool import POOL, ActorKind, ActorPool, reusing_actors
+
+
+def test_idle_actors_of_other_kinds_are_killed_and_the_last_host_is_taken_first():
+    pool, killed = ActorPool(), []
+    client, server = ActorKind("client", 1.0, 0.0), ActorKind("server", 0.0, 0.0)
+    pool.give_back("actor-a", client, "clients-0")
+    pool.give_back("actor-b", client, "clients-1")
+    pool.give_back("actor-s", server, "server")
+    pool.keep_only({client: 2}, killed.append)  # a layout without a server
+    assert killed == ["actor-s"]
+    assert pool.take(client, "clients-1") == "actor-b"  # the actor that was clients-1
+    assert pool.take(server, "server") is None
+    assert pool.take(client, "clients-7") == "actor-a"
+    assert pool.take(client, "clients-0") is None and pool.reused == 2
+
+
+def test_sessions_nest_and_the_outermost_kills_the_idle_actors(monkeypatch):
+    killed = []
+    monkeypatch.setattr("raymtl.runtime.actor_pool.ray_kill", killed.append)
+    kind = ActorKind("client", 1.0, 0.0)
+    with reusing_actors():
+        with reusing_actors():
+            POOL.give_back("actor-a", kind, "clients-0")
+        assert POOL.active and killed == []  # the inner session ended: still kept
+    assert not POOL.active and killed == ["actor-a"] and not POOL.idle
+    with reusing_actors(enabled=False):
+        assert not POOL.active  # runtime.reuse_actors: false opens no session
