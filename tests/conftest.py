@@ -95,3 +95,12 @@ def make_config(tmp_path):
 
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+# Figures that measure the machine, not the learning: they differ between any two runs.
+TIMING = ("wall_time", "client_updates_per_second", "peak_memory", "seconds")
+
+
+def learned(frame):
+    """A results frame without its TIMING columns: what two runs of one experiment share."""
+    return frame.drop(columns=[c for c in frame.columns if c.startswith(TIMING)])

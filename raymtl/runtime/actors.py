@@ -18,7 +18,7 @@ import ray
 import torch
 
 from raymtl.runtime.host import ParticipantHost
-from raymtl.runtime.memory import peak_rss, reset_peak_rss, return_freed_memory
+from raymtl.runtime.memory import reset_peak_rss, return_freed_memory
 
 
 def as_array(tensor: torch.Tensor):
@@ -59,11 +59,6 @@ class ObjectStoreHost(ParticipantHost):
         return_freed_memory()
         reset_peak_rss()
         return True
-
-    def peak_memory(self) -> int:
-        """Peak resident bytes of this actor's process since it was attached to this
-        federation (a reused actor's earlier federations are not counted)."""
-        return peak_rss()
 
     def put(self, tensors):
         # As numpy arrays: Ray writes them straight into the object store (a 6.6 MB model in

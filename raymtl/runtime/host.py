@@ -446,10 +446,11 @@ class ParticipantHost:
         return folder.child("driver").is_file()
 
     def peak_memory(self) -> int:
-        """The peak resident memory of this host's process so far, in bytes (Linux: KiB)."""
-        import resource
+        """The peak resident memory of this host's process in bytes: since it started, or
+        since a reused actor was released by its last federation (memory.peak_rss)."""
+        from raymtl.runtime.memory import peak_rss
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return peak_rss()
 
 
 @contextlib.contextmanager

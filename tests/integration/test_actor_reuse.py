@@ -13,16 +13,9 @@ import raymtl
 from raymtl.config import parse_config
 from raymtl.runtime.actor_pool import POOL, reusing_actors
 from raymtl.runtime.api import run_experiment
-from tests.conftest import digits_experiment
+from tests.conftest import digits_experiment, learned
 
 pytestmark = pytest.mark.ray
-
-# Figures that measure the machine, not the learning: they differ between any two runs.
-TIMING = ("wall_time", "client_updates_per_second", "peak_memory", "seconds", "flops")
-
-
-def learned(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.drop(columns=[c for c in frame.columns if c.startswith(TIMING)])
 
 
 def raymtl_actors(ray) -> list[str]:

@@ -11,12 +11,9 @@ import pytest
 import raymtl
 from raymtl.callbacks import Callback
 from raymtl.config import dump_config, parse_config
-from tests.conftest import digits_experiment
+from tests.conftest import digits_experiment, learned
 
 pytestmark = pytest.mark.ray
-
-# Figures that measure the machine, not the learning: they differ between any two runs.
-TIMING = ("wall_time", "client_updates_per_second", "peak_memory", "seconds")
 
 
 class Rounds(Callback):
@@ -30,10 +27,6 @@ class Rounds(Callback):
 
     def on_round_end(self, event) -> None:
         self.seen.append((self.name, event.seed, event.round))
-
-
-def learned(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.drop(columns=[c for c in frame.columns if c.startswith(TIMING)])
 
 
 @pytest.mark.slow
