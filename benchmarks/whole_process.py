@@ -9,6 +9,9 @@
 (c) a 4-arm comparison (FedAvg, FedProx, Local, Ditto on rotated digits, 2 seeds, 3 rounds)
     by `raymtl.compare` in a fresh process, with runtime.reuse_actors on and off.
 
+(d) = (a) with `raymtl up` running (`--only up`): the service is started once, before the
+    repeats (not timed), and each fresh process joins its Ray and warm actors.
+
 `--code DIR` runs (a) and (c) against another checkout of raymtl (PYTHONPATH=DIR; e.g.
 `git archive <commit> | tar -x -C DIR`), for the old code in the same sitting. Medians of
 --repeats runs.
@@ -70,6 +73,11 @@ def child_raymtl(precision: str, out: Path) -> dict:
     results = raymtl.run(overhead_experiment(out, precision), callbacks=[FirstRound()])
     rounds = results.rounds
     return {
+        # (older code has no such column: it never joins)
+        "joined_up": float(
+            results.tables["startup"].get("joined_up", False) is not False
+            and results.tables["startup"]["joined_up"].all()
+        ),
         "first_round_s": first_round["s"],
         "rounds_s": float(rounds["wall_time"].max()),
         "accuracy": float(rounds["mean_accuracy"].dropna().iloc[-1]),
@@ -97,9 +105,11 @@ def child_compare(reuse: str, out: Path) -> dict:
     return {"accuracy": float(comparison.table["mean_accuracy_mean"].iloc[0])}
 
 
-def run_child(kind: str, option: str, code: str | None) -> dict:
-    """One fresh process; its whole wall time and what it reported."""
-    env = dict(os.environ)
+def run_child(kind: str, option: str, code: str | None, home: str) -> dict:
+    """One fresh process; its whole wall time and what it reported. `home` is its
+    RAYMTL_HOME: a `raymtl up` service there is joined, none elsewhere (a service the user
+    left running is never measured by accident)."""
+    env = dict(os.environ, RAYMTL_HOME=home)
     if code:
         env["PYTHONPATH"] = code
     with tempfile.TemporaryDirectory(prefix="raymtl-whole-") as out:
@@ -122,13 +132,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--code", default=None, help="run (a) and (c) against this checkout")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", default="raymtl,plain,compare")
+    parser.add_argument("--only", default="raymtl,plain,compare,up")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, option, out = args.child
         runners = {
             "raymtl": lambda: child_raymtl(option, Path(out)),
+            "up": lambda: child_raymtl(option, Path(out)),  # RAYMTL_HOME names the service
             "plain": lambda: child_plain(Path(out)),
             "compare": lambda: child_compare(option, Path(out)),
         }
@@ -142,6 +153,8 @@ def main() -> None:
         cases.append(("plain", "fp32"))
     if "raymtl" in wanted:
         cases += [("raymtl", "fp32"), ("raymtl", "bf16-mixed")]
+    if "up" in wanted:
+        cases += [("up", "fp32"), ("up", "bf16-mixed")]
     if "compare" in wanted:
         # runtime.reuse_actors off and on, where the code has it (older code: its default)
         root = Path(args.code) if args.code else HERE.parent
@@ -150,17 +163,40 @@ def main() -> None:
         cases += [("compare", option) for option in options]
     print("| run | option | whole process s | to first round s | rounds s | accuracy |")
     print("|---|---|---|---|---|---|")
+    cold_home = tempfile.mkdtemp(prefix="raymtl-home-")  # no service there
+    up_home = tempfile.mkdtemp(prefix="raymtl-up-")
     for kind, option in cases:
         code_dir = None if kind == "plain" else args.code
-        result = median_of([run_child(kind, option, code_dir) for _ in range(args.repeats)])
+        home = up_home if kind == "up" else cold_home
+        if kind == "up":
+            start_service(up_home)
+        runs = [run_child(kind, option, code_dir, home) for _ in range(args.repeats)]
+        result = median_of(runs)
         first = f"{result['first_round_s']:.1f}" if "first_round_s" in result else "–"
         rounds = f"{result['rounds_s']:.1f}" if "rounds_s" in result else "–"
+        if kind == "up" and result["joined_up"] < 1:
+            raise SystemExit("a process did not join raymtl up: see RAYMTL_HOME's up.log")
         print(
             f"| {kind} | {option} | {result['whole_s']:.1f} | {first} | {rounds} | "
             f"{result['accuracy']:.3f} |",
             flush=True,
         )
+    if "up" in wanted:
+        os.environ["RAYMTL_HOME"] = up_home
+        from raymtl.runtime.warm import down
+
+        down()
     print(f"load average after: {os.getloadavg()}")
+
+
+def start_service(home: str) -> None:
+    """`raymtl up` with its state in `home` (once; later calls find it running)."""
+    os.environ["RAYMTL_HOME"] = home
+    from raymtl.runtime.warm import up
+
+    service, started = up()
+    if started:
+        print(f"raymtl up: pid {service.pid}, {service.actors}", flush=True)
 
 
 if __name__ == "__main__":

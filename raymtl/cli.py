@@ -223,6 +223,50 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> 
         report_run(run_dir, console=console)
 
 
+@app.command()
+def up(
+    num_cpus: Annotated[
+        int | None, typer.Option(min=1, help="CPUs of its Ray (default: this machine's)")
+    ] = None,
+    client_actors: Annotated[
+        int | None, typer.Option(min=1, help="warm client actors (default: fill the CPUs)")
+    ] = None,
+    cpus_per_actor: Annotated[
+        float, typer.Option(min=0.01, help="CPUs a client actor takes (runtime.num_cpus_per_actor)")
+    ] = 1.0,
+    gpus_per_actor: Annotated[
+        float, typer.Option(min=0.0, help="GPUs a client actor takes (runtime.num_gpus_per_actor)")
+    ] = 0.0,
+) -> None:
+    """Keep a Ray and warm actors on this machine: later runs join them (no start-up)."""
+    from raymtl.runtime.warm import home, up
+
+    try:
+        service, started = up(num_cpus, client_actors, cpus_per_actor, gpus_per_actor)
+    except RuntimeError as error:
+        fail(str(error), RUN_STOPPED)
+    actors = ", ".join(f"{count} {role}" for role, count in service.actors.items())
+    state = "started" if started else "already running"
+    console.print(
+        f"raymtl up: {state} (pid {service.pid}, Ray at {service.address}, "
+        f"{service.num_cpus} CPUs; warm actors: {actors}); state in {home()}. "
+        "Runs with runtime.address: null join it; `raymtl down` stops it.",
+        highlight=False,
+    )
+
+
+@app.command()
+def down() -> None:
+    """Stop the Ray and warm actors of `raymtl up`."""
+    from raymtl.runtime.warm import down as stop_service
+
+    service = stop_service()
+    if service is None:
+        console.print("raymtl down: no service running", highlight=False)
+    else:
+        console.print(f"raymtl down: stopped (pid {service.pid})", highlight=False)
+
+
 @app.command(name="list")
 def list_components(
     plugin: Annotated[

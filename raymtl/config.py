@@ -182,6 +182,11 @@ class RuntimeConfig(Section):
         description="a local Ray (address: null) starts Ray's dashboard on 127.0.0.1:8265, to "
         "watch the actors; about 1.5 s more at start-up on 2 cores",
     )
+    join_up: bool = Field(
+        True,
+        description="with address: null, join the Ray and warm actors of `raymtl up` on this "
+        "machine when it serves this raymtl's code (no Ray or actor start-up)",
+    )
     reuse_actors: bool = Field(
         True,
         description="seeds of a run and experiments of a sequential compare hand their actors "

@@ -211,7 +211,7 @@ def tune(
     samples = samples or (RANDOM_SAMPLES if search == "random" else 1)
     trials = samples * math.prod(spec.size(search) for spec in specs)
     out = sweep_dir(cfg, out)
-    start_ray(cfg)
+    start_ray(cfg, join_up=False)  # trials' placement groups need the CPUs
     trial_cfg = parse_config({**base, "seeds": cfg.seeds[:1]})
     in_flight, plans = plan_trials([trial_cfg], trials, parallel, ClusterRoom.now())
     sweep = {

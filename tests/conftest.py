@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -95,6 +96,9 @@ def make_config(tmp_path):
 
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# A `raymtl up` service left running on this machine is never joined by a test's runs (nor
+# by the CLI processes they start): the tests' own state folder has none.
+os.environ["RAYMTL_HOME"] = tempfile.mkdtemp(prefix="raymtl-home-")
 
 
 # Figures that measure the machine, not the learning: they differ between any two runs.

@@ -6,6 +6,7 @@ joining its official train and test splits) and seeded synthetic images. Each is
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import tempfile
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from raymtl.data.pool_cache import cached_pool
 from raymtl.data.source_registry import DatasetMissing, Pool, register_dataset
 
 # torchvision is imported inside the loaders that need it: importing it costs seconds, and
@@ -40,9 +42,24 @@ def _missing(name: str, root: str | None, download: bool, error: Exception) -> D
     )
 
 
+def _sklearn_digits_file() -> Path | None:
+    """The file sklearn's `load_digits` reads (found without importing sklearn), or None."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    return path if path.is_file() else None
+
+
 @register_dataset("digits")
 def _load_digits(root: str | None = None, download: bool = False) -> Pool:
-    """sklearn's bundled 8x8 digits (1797 images, values 0..16)."""
+    """sklearn's bundled 8x8 digits (1797 images, values 0..16); decoded once per sklearn
+    install and then read from the pool cache (pool_cache.py: sklearn's import is the cost)."""
+    bundled = _sklearn_digits_file()
+    return cached_pool("digits", [bundled], _decode_digits) if bundled else _decode_digits()
+
+
+def _decode_digits() -> Pool:
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -113,11 +130,19 @@ def _load_fashion_mnist(root: str | None = None, download: bool = False) -> Pool
     """Fashion-MNIST: `root`, then Debian's package, then torchvision (optionally downloading)."""
     candidates = [Path(root), Path(root) / "FashionMNIST" / "raw"] if root else []
     directory = _find_idx_dir([*candidates, Path(DEBIAN_FASHION_MNIST_DIR)])
+    if directory is not None:  # decoded once, then read from the pool cache (pool_cache.py):
+        # a cached pool needs no torchvision import either (about 1 s)
+        files = [_idx_path(directory, stem) for split in _IDX_SPLITS for stem in split]
+        return cached_pool("fashion_mnist", files, functools.partial(_fashion_idx, directory))
     import torchvision.datasets as tvd
 
-    if directory is not None:
-        return _pool_from_idx_dir(directory, tvd.FashionMNIST.classes)
     return _pool_from_torchvision("fashion_mnist", tvd.FashionMNIST, root, download)
+
+
+def _fashion_idx(directory: Path) -> Pool:
+    import torchvision.datasets as tvd
+
+    return _pool_from_idx_dir(directory, tvd.FashionMNIST.classes)
 
 
 @register_dataset("mnist")

@@ -2,15 +2,27 @@
 
 Figures are built with ``matplotlib.figure.Figure`` (rendered by the Agg canvas) rather than
 pyplot, so no global figure state or GUI backend is involved and figures are freed when dropped.
+Matplotlib is imported by `new_figure`, when a plot is drawn: a run that draws none (and every
+run until its end) does not pay its import.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def new_figure(**settings) -> Figure:
+    """A matplotlib Figure (figsize=..., layout=...), matplotlib imported on first use."""
+    from matplotlib.figure import Figure
+
+    return Figure(**settings)
 
 
 def save_figure(figure: Figure, path: Path) -> Path:

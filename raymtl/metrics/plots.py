@@ -8,17 +8,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
-from raymtl.metrics.figures import add_legend_if_labelled, draw_band, save_figure
+from raymtl.metrics.figures import add_legend_if_labelled, draw_band, new_figure, save_figure
 from raymtl.metrics.recorder import Recorder
 from raymtl.metrics.statistics import evaluated_rounds
 from raymtl.metrics.tables import plot_extra_tables
 from raymtl.metrics.tasks import plot_task_comparison
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 # Bits are drawn on a log axis; runs without communication get a single point here.
 NO_COMMUNICATION_X = 1.0
@@ -37,6 +38,8 @@ def draw_accuracy_vs_round(axes: Axes, curves: pd.DataFrame, label: str) -> None
     """Accuracy against communication round."""
     draw_band(axes, curves.index.to_numpy(), curves, label)
     axes.set_xlabel("round")
+    from matplotlib.ticker import MaxNLocator
+
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_ylabel("accuracy")
 
@@ -60,7 +63,7 @@ def draw_accuracy_vs_bits(axes: Axes, curves: pd.DataFrame, label: str) -> None:
 
 def plot_accuracy_vs_round(rounds: pd.DataFrame, path: Path) -> Path:
     """Mean and worst-10% accuracy per round across seeds."""
-    figure = Figure(figsize=(6, 4))
+    figure = new_figure(figsize=(6, 4))
     axes = figure.subplots()
     draw_accuracy_vs_round(axes, curves_by_round(rounds, "mean_accuracy"), "mean")
     draw_accuracy_vs_round(axes, curves_by_round(rounds, "worst10_accuracy"), "worst 10%")
@@ -71,7 +74,7 @@ def plot_accuracy_vs_round(rounds: pd.DataFrame, path: Path) -> Path:
 
 def plot_accuracy_vs_bits(rounds: pd.DataFrame, path: Path) -> Path:
     """Mean and worst-10% accuracy against cumulative bits."""
-    figure = Figure(figsize=(6, 4))
+    figure = new_figure(figsize=(6, 4))
     axes = figure.subplots()
     draw_accuracy_vs_bits(axes, curves_by_round(rounds, "mean_accuracy"), "mean")
     draw_accuracy_vs_bits(axes, curves_by_round(rounds, "worst10_accuracy"), "worst 10%")
@@ -92,7 +95,7 @@ def final_client_accuracies(clients: pd.DataFrame) -> dict[int, pd.Series]:
 
 def plot_client_accuracy_distribution(clients: pd.DataFrame, path: Path) -> Path:
     """Box plot (with the points) of final per-client accuracy, one box per seed."""
-    figure = Figure(figsize=(6, 4))
+    figure = new_figure(figsize=(6, 4))
     axes = figure.subplots()
     accuracies_by_seed = final_client_accuracies(clients)
     if accuracies_by_seed:
@@ -129,7 +132,7 @@ def plot_comparison_metric(
     rounds_by_algorithm: dict[str, pd.DataFrame], column: str, path: Path
 ) -> Path:
     """Side by side: ``column`` vs round | ``column`` vs cumulative bits, one line per algorithm."""
-    figure = Figure(figsize=(12, 4.5))
+    figure = new_figure(figsize=(12, 4.5))
     round_axes, bits_axes = figure.subplots(1, 2)
     for algorithm, rounds in rounds_by_algorithm.items():
         curves = curves_by_round(rounds, column)
@@ -145,7 +148,7 @@ def plot_comparison_metric(
 
 def plot_bits_per_round(rounds_by_algorithm: dict[str, pd.DataFrame], path: Path) -> Path:
     """Bits sent per round (up + down, mean over seeds), one line per algorithm, log axis."""
-    figure = Figure(figsize=(6, 4), layout="constrained")
+    figure = new_figure(figsize=(6, 4), layout="constrained")
     axes = figure.subplots()
     for algorithm, rounds in rounds_by_algorithm.items():
         per_round = (rounds["bits_up"] + rounds["bits_down"]).groupby(rounds["round"]).mean()

@@ -12,10 +12,9 @@ import os
 from pathlib import Path
 
 import pandas as pd
-from matplotlib.figure import Figure
 from rich.table import Table
 
-from raymtl.metrics.figures import add_legend_if_labelled, draw_band, save_figure
+from raymtl.metrics.figures import add_legend_if_labelled, draw_band, new_figure, save_figure
 from raymtl.metrics.statistics import mean_and_std
 
 TASK_METRICS = ("accuracy", "precision", "recall", "f1", "mse", "mae")
@@ -76,7 +75,7 @@ def plot_task_comparison(clients_by_run: dict[str, pd.DataFrame], path: Path) ->
     tasks = sorted({t for c in clients_by_run.values() if has_tasks(c) for t in c["task_name"]})
     if not tasks:
         return None
-    figure = Figure(figsize=(12, 4 * len(tasks)), layout="constrained")
+    figure = new_figure(figsize=(12, 4 * len(tasks)), layout="constrained")
     axes_rows = figure.subplots(len(tasks), 2, squeeze=False)
     for (round_axes, bits_axes), task in zip(axes_rows, tasks, strict=True):
         for label, clients in clients_by_run.items():

@@ -17,6 +17,11 @@ may be dead or half-way through a step), actors inside a Ray Tune trial's placem
 session kills every idle actor, so a notebook is not left holding the cluster's CPUs.
 Idle actors of a kind the next federation does not need are killed before it places its own
 (an idle actor holds its CPUs: it could keep a differently laid out federation from fitting).
+
+Joined to a `raymtl up` service (warm.py), the pool has a `lender`: actors the session
+lacks are borrowed from the service's warm ones (`borrow`, `take`), and the session hands
+what it borrowed back instead of killing it: idle ones it cannot use at once, the rest when
+it ends.
 """
 
 from __future__ import annotations
@@ -54,14 +59,36 @@ class ActorPool:
         self.idle: list[IdleActor] = []
         self.sessions = 0
         self.reused = 0  # actors handed out again, over the process's life (tests, logs)
+        self.lender = None  # warm.Lender while joined to `raymtl up`
+        self.borrowed: set = set()  # actor_key of each actor borrowed and not handed back
+        self.lent_out = False  # a loan is open: the session's end closes it
 
     @property
     def active(self) -> bool:
         return self.sessions > 0
 
+    def borrow(self, needed: Counter) -> None:
+        """From the lender, the actors of each kind `needed` (kind -> count) beyond the idle
+        ones: idle here after this, for `take`."""
+        if self.lender is None or not self.active:
+            return
+        have = Counter(idle.kind for idle in self.idle)
+        missing = Counter({kind: count - have[kind] for kind, count in needed.items()})
+        missing = +missing  # only the kinds short of what is needed
+        if not missing:
+            return
+        self.lent_out = True
+        for kind, handle in self.lender.borrow(missing):
+            self.borrowed.add(actor_key(handle))
+            self.idle.append(IdleActor(handle, kind, host=""))
+
     def take(self, kind: ActorKind, host: str):
-        """An idle actor of `kind` (the one that served `host` last, if idle), or None."""
+        """An idle actor of `kind` (the one that served `host` last, if idle; else one
+        borrowed from the lender), or None."""
         matching = [idle for idle in self.idle if idle.kind == kind]
+        if not matching and self.lender is not None and self.active:
+            self.borrow(Counter({kind: 1}))
+            matching = [idle for idle in self.idle if idle.kind == kind]
         if not matching:
             return None
         chosen = next((idle for idle in matching if idle.host == host), matching[0])
@@ -75,23 +102,48 @@ class ActorPool:
     def keep_only(self, needed: Counter, kill) -> None:
         """Kill the idle actors beyond what `needed` (kind -> count) can use."""
         wanted = Counter(needed)
-        kept = []
+        kept, returned = [], []
         for idle in self.idle:
             if wanted[idle.kind] > 0:
                 wanted[idle.kind] -= 1
                 kept.append(idle)
+            elif actor_key(idle.handle) in self.borrowed:
+                returned.append(idle.handle)
             else:
                 kill(idle.handle)
         self.idle = kept
+        self._return(returned, close=False)
 
     def drain(self, kill) -> None:
-        """Kill every idle actor."""
+        """Kill every idle actor (hand the borrowed ones back, and end the loan)."""
         idle, self.idle = self.idle, []
+        returned = [a.handle for a in idle if actor_key(a.handle) in self.borrowed]
         for actor in idle:
+            if actor_key(actor.handle) in self.borrowed:
+                continue
             try:
                 kill(actor.handle)
             except Exception as error:  # Ray already shut down: the actor is gone with it
                 log.info("killing an idle actor: %s", error)
+        if self.lent_out:
+            self._return(returned, close=True)
+            self.lent_out = False
+        self.borrowed.clear()  # what was not handed back was killed: the lender replaces it
+
+    def _return(self, handles: list, close: bool) -> None:
+        if self.lender is None or not (handles or close):
+            return
+        for handle in handles:
+            self.borrowed.discard(actor_key(handle))
+        try:
+            self.lender.give_back(handles, close)
+        except Exception as error:  # the service stopped: its actors are gone with it
+            log.info("handing actors back to raymtl up: %s", error)
+
+
+def actor_key(handle):
+    """What identifies an actor across its handles (a Ray handle's actor id)."""
+    return getattr(handle, "_actor_id", handle)
 
 
 POOL = ActorPool()

@@ -236,6 +236,8 @@ class Federation:
             self.make_executor.ray_start_s = 0.0
         startup |= {
             "ray_s": ray_start,
+            # Ray and warm actors of `raymtl up` joined (warm.py) rather than started
+            "joined_up": bool(getattr(self.make_executor, "joined_up", False)),
             "total_s": time.perf_counter() - began + ray_start,
             "process_s": seconds_since_process_start(),
         }

@@ -1,5 +1,6 @@
 """Where a federation's hosts run: the executor runtime.executor names, and the Ray it needs
-(joined at runtime.address, or started here; one already running is reused)."""
+(joined at runtime.address; else the `raymtl up` service's, warm.py; else started here; one
+already running in this process is reused)."""
 
 from __future__ import annotations
 
@@ -7,28 +8,40 @@ import time
 from collections.abc import Callable
 
 from raymtl.config import ExperimentConfig
+from raymtl.runtime.actor_pool import POOL
 from raymtl.runtime.executor import Executor
 
 
-def start_ray(cfg: ExperimentConfig) -> float:
-    """Join `runtime.address` or start a local Ray (dashboard on 127.0.0.1); seconds taken."""
+def quiet_local_ray(num_cpus: int | None, dashboard: bool) -> dict:
+    """ray.init's settings for a Ray of this process's own ("local": never a `ray start`
+    head running here); its workers use this interpreter, where raymtl is installed."""
+    return {
+        "address": "local",
+        "num_cpus": num_cpus,
+        "include_dashboard": dashboard,
+        "dashboard_host": "127.0.0.1",
+        "log_to_driver": False,
+    }
+
+
+def start_ray(cfg: ExperimentConfig, join_up: bool | None = None) -> float:
+    """Join `runtime.address`, or the `raymtl up` service running this code (unless
+    runtime.join_up or `join_up` says no: Tune trials never join), or start a local Ray
+    (dashboard on 127.0.0.1 when asked); seconds taken."""
     import ray
 
     if ray.is_initialized():
         return 0.0
     began = time.perf_counter()
+    POOL.lender = None  # a Ray of an earlier start in this process: `join` sets it again
     runtime = cfg.runtime
     if runtime.address:  # a cluster: `ray job submit --working-dir .` ships the code
         ray.init(address=runtime.address, log_to_driver=False)
-    else:  # a Ray of its own ("local": never a `ray start` head running here); workers use
-        # this interpreter, where raymtl is installed
-        ray.init(
-            address="local",
-            num_cpus=runtime.num_cpus,
-            include_dashboard=runtime.dashboard,
-            dashboard_host="127.0.0.1",
-            log_to_driver=False,
-        )
+    else:
+        from raymtl.runtime.warm import join
+
+        if not join(ray, runtime.join_up if join_up is None else join_up):
+            ray.init(**quiet_local_ray(runtime.num_cpus, runtime.dashboard))
     return time.perf_counter() - began
 
 
@@ -44,18 +57,24 @@ def ray_executors(cfg: ExperimentConfig) -> Callable[[], Executor]:
     from raymtl.runtime.ray_executor import RayExecutor, alive_nodes
 
     seconds = start_ray(cfg)
+    if POOL.lender is not None and cfg.plugins:  # user modules, which may change by the next
+        POOL.lender.kill_on_return = True  # command: never back to `raymtl up`'s pool
     # The nodes the run starts on: one of them dead later (a recovery, the next seed) makes
     # the executors lay the client actors out on the nodes left.
     nodes = alive_nodes(ray)
-    return ExecutorMaker(lambda: RayExecutor(cfg.runtime, nodes), seconds)
+    joined_up = POOL.lender is not None
+    return ExecutorMaker(lambda: RayExecutor(cfg.runtime, nodes), seconds, joined_up)
 
 
 class ExecutorMaker:
     """A maker of fresh executors, and the seconds it took to start (or join) Ray for them:
-    the first federation to start records them in startup.parquet, then sets them to 0."""
+    the first federation to start records them in startup.parquet, then sets them to 0.
+    `joined_up`: the Ray is `raymtl up`'s (startup.parquet says so for every seed)."""
 
-    def __init__(self, make: Callable[[], Executor], ray_start_s: float = 0.0):
-        self.make, self.ray_start_s = make, ray_start_s
+    def __init__(
+        self, make: Callable[[], Executor], ray_start_s: float = 0.0, joined_up: bool = False
+    ):
+        self.make, self.ray_start_s, self.joined_up = make, ray_start_s, joined_up
 
     def __call__(self) -> Executor:
         return self.make()

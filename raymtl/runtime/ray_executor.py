@@ -389,7 +389,10 @@ class RayExecutor(Executor):
             needed = Counter(
                 self.actor_kind(role_of(spec.participants[0])) for spec in specs.values()
             )
+            POOL.borrow(needed)  # from `raymtl up`'s warm actors, when joined to it
             POOL.keep_only(needed, self._ray.kill)
+        elif POOL.lender is not None:  # joined, starting actors of its own: the service's
+            POOL.lender.make_room()  # idle actors would hold the CPUs they need
         if self.runtime.autoscale:
             clients = sum(role_of(spec.participants[0]) == "client" for spec in specs.values())
             self.request_room(clients)

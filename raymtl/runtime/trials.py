@@ -271,7 +271,7 @@ def run_seed_trials(
     from raymtl.runtime.launch import start_ray
     from raymtl.runtime.run_dirs import finish_run, start_run
 
-    start_ray(configs[0])
+    start_ray(configs[0], join_up=False)  # trials' placement groups need the CPUs
     run_dirs = {cfg.name: start_run(cfg, out / cfg.name)[0] for cfg in configs}
     stages = out / STAGING
     trials = [

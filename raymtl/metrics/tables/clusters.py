@@ -17,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from raymtl.metrics.extras import table_plotter, table_reporter
-from raymtl.metrics.figures import save_figure
+from raymtl.metrics.figures import new_figure, save_figure
 from raymtl.metrics.statistics import mean_and_std
 
 CLUSTERING_KINDS = ("eigenvectors", "relevance", "similarity", "clusters", "membership")
@@ -121,7 +120,7 @@ def plot_clusters(run_dir: Path) -> list[Path]:
 
 def heatmap(relevance: pd.DataFrame, seed: int):
     matrix = relevance.pivot(index="i", columns="j", values="R").sort_index()
-    figure = Figure(figsize=(5.5, 4.5))
+    figure = new_figure(figsize=(5.5, 4.5))
     axes = figure.add_subplot()
     image = axes.imshow(matrix.to_numpy(), vmin=0, vmax=1, cmap="viridis")
     for (i, j), value in np.ndenumerate(matrix.to_numpy()):
@@ -139,7 +138,7 @@ def dendrogram(linkage: pd.DataFrame, clusters: pd.DataFrame, seed: int):
     z = linkage.sort_values("step")[["a", "b", "distance", "size"]].to_numpy(dtype=float)
     rows = clusters[clusters["seed"] == seed].sort_values("client")
     labels = [f"user {c} (task {t})" for c, t in zip(rows["client"], rows["task"], strict=True)]
-    figure = Figure(figsize=(6, 4))
+    figure = new_figure(figsize=(6, 4))
     axes = figure.add_subplot()
     scipy_dendrogram(z, labels=labels, ax=axes, leaf_rotation=90)
     axes.set(ylabel="1 − R (linkage distance)", title=f"HAC dendrogram (seed {seed})")
@@ -148,7 +147,7 @@ def dendrogram(linkage: pd.DataFrame, clusters: pd.DataFrame, seed: int):
 
 def accuracy_curves(frame: pd.DataFrame, column: str):
     """Mean accuracy of each task's (LPS's) users per round: mean ± std over seeds."""
-    figure = Figure(figsize=(6, 4))
+    figure = new_figure(figsize=(6, 4))
     axes = figure.add_subplot()
     per_seed = frame.groupby([column, "seed", "round"])["accuracy"].mean()
     for key, curve in per_seed.groupby(level=0):

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from raymtl.metrics.extras import table_plotter, table_reporter
-from raymtl.metrics.figures import save_figure
+from raymtl.metrics.figures import new_figure, save_figure
 from raymtl.metrics.statistics import adjusted_rand_score
 
 
@@ -77,7 +76,7 @@ def plot_communities(seed_rows: pd.DataFrame, path: Path) -> Path:
     grid = np.full((len(clients), len(rounds)), np.nan)
     for row in seed_rows.itertuples():
         grid[clients.index(row.i), rounds.index(row.round)] = row.community_i
-    figure = Figure(figsize=(max(5, 0.35 * len(rounds) + 2), max(3, 0.25 * len(clients) + 1)))
+    figure = new_figure(figsize=(max(5, 0.35 * len(rounds) + 2), max(3, 0.25 * len(clients) + 1)))
     axes = figure.subplots()
     axes.imshow(grid, aspect="auto", cmap="tab20", interpolation="nearest", vmin=0, vmax=19)
     for (y, x), value in np.ndenumerate(grid):
@@ -97,7 +96,7 @@ def plot_similarity(graph: pd.DataFrame, path: Path) -> Path:
     seed_rows = graph[graph["seed"] == graph["seed"].min()]
     last = seed_rows[seed_rows["round"] == seed_rows["round"].max()]
     matrix = last.pivot(index="i", columns="j", values="s_ij")
-    figure = Figure(figsize=(5.5, 4.5))
+    figure = new_figure(figsize=(5.5, 4.5))
     axes = figure.subplots()
     image = axes.imshow(matrix.to_numpy(dtype=float), cmap="Reds", vmin=0, vmax=1)
     figure.colorbar(image, ax=axes, label="s_ij")

@@ -19,10 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from raymtl.metrics.extras import table_plotter, table_reporter
-from raymtl.metrics.figures import save_figure
+from raymtl.metrics.figures import new_figure, save_figure
 from raymtl.metrics.recorder import Recorder
 
 
@@ -58,7 +57,7 @@ def bits_summary(run_dir: Path, leaders: pd.DataFrame) -> dict:
 
 
 def plot_holders(leaders: pd.DataFrame, path: Path) -> Path:
-    figure = Figure(figsize=(6, 3))
+    figure = new_figure(figsize=(6, 3))
     axes = figure.subplots()
     first_seed = leaders[leaders["seed"] == leaders["seed"].min()]
     for group, rows in first_seed.groupby("group"):

@@ -15,10 +15,9 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from raymtl.metrics.extras import table_plotter, table_reporter
-from raymtl.metrics.figures import save_figure
+from raymtl.metrics.figures import new_figure, save_figure
 from raymtl.metrics.recorder import Recorder
 
 
@@ -38,7 +37,7 @@ def with_groups(maps: pd.DataFrame, groups: pd.DataFrame) -> pd.DataFrame:
 def plot_heatmap(last: pd.DataFrame, num_clients: int, path: Path) -> Path:
     grid = np.full((num_clients, num_clients), np.nan)
     grid[last["i"].to_numpy(), last["j"].to_numpy()] = last["norm"].to_numpy()
-    figure = Figure(figsize=(6, 5), layout="constrained")
+    figure = new_figure(figsize=(6, 5), layout="constrained")
     axes = figure.subplots()
     image = axes.imshow(grid, cmap="viridis")
     figure.colorbar(image, ax=axes, label="‖P_ij‖_F")
@@ -50,7 +49,7 @@ def plot_heatmap(last: pd.DataFrame, num_clients: int, path: Path) -> Path:
 
 def plot_over_rounds(maps: pd.DataFrame, path: Path) -> Path:
     per_seed = maps.groupby(["link", "round", "seed"])["norm"].mean()
-    figure = Figure(figsize=(6, 4), layout="constrained")
+    figure = new_figure(figsize=(6, 4), layout="constrained")
     axes = figure.subplots()
     for link, rows in per_seed.groupby(level="link"):
         curves = rows.groupby(level="round").agg(["mean", "min", "max"])
@@ -70,7 +69,7 @@ def plot_graph(last: pd.DataFrame, groups: pd.DataFrame, path: Path) -> Path:
     graph.add_nodes_from(groups["client"])
     graph.add_edges_from(zip(last["i"], last["j"], strict=True))
     sizes = groups.set_index("client")["model_params"].reindex(graph.nodes).fillna(1)
-    figure = Figure(figsize=(6, 5), layout="constrained")
+    figure = new_figure(figsize=(6, 5), layout="constrained")
     axes = figure.subplots()
     nx.draw_networkx(
         graph,
