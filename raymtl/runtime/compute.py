@@ -21,6 +21,25 @@ def precision(setting: str, device: str):
     return torch.autocast(device_type=kind, dtype=torch.bfloat16, cache_enabled=False)
 
 
+# CPU flags of native bfloat16 arithmetic (/proc/cpuinfo). Without them torch emulates bf16
+# matmuls and convolutions: on an AVX2-only EPYC the overhead workload's rounds took 380 s
+# under bf16-mixed against 46 s in fp32 (benchmarks/RESULTS.md).
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def bf16_emulated(cpuinfo: str | None = None) -> bool:
+    """Whether this machine's CPU lacks bfloat16 units (False where /proc/cpuinfo is
+    unreadable: nothing to say)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            return False
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    return bool(flags) and not any(flag in flags.split() for flag in BF16_CPU_FLAGS)
+
+
 def warm_up(state, autocast) -> None:
     """A fresh process pays torch's one-time costs on its first training step (the
     optimiser's first step imports torch._dynamo and its dependencies: ~2.5 s measured,

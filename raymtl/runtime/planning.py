@@ -7,6 +7,7 @@ from (source, indices) inside the actor that hosts it.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from raymtl.algorithms.base import SERVER, FederationInfo, client_name, leader_name, lps_name
@@ -16,6 +17,8 @@ from raymtl.plugins import search_paths
 from raymtl.runtime.executor import Executor
 from raymtl.runtime.host import HostSpec
 from raymtl.tasks.assign import assign_tasks
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,20 @@ def check_federation(cfg: ExperimentConfig) -> None:
     partition, the tasks and models, and the memory of the clients' own state."""
     from raymtl.runtime.executor import InlineExecutor
 
+    runtime = cfg.runtime
+    if (
+        runtime.precision == "bf16-mixed"
+        and runtime.device != "cuda"
+        and not runtime.num_gpus_per_actor
+    ):
+        from raymtl.runtime.compute import BF16_CPU_FLAGS, bf16_emulated
+
+        if bf16_emulated():  # the driver's CPU: the actors' too on one machine
+            log.warning(
+                "runtime.precision: bf16-mixed on a CPU without bfloat16 units (%s) is "
+                "emulated: rounds may take several times fp32's",
+                " / ".join(BF16_CPU_FLAGS),
+            )
     seed = cfg.seeds[0]
     pools, shards, specs, _ = partition(cfg, seed)
     federation = build_federation(
