@@ -188,7 +188,8 @@ class WarmPool:
             while count > 0 and available:
                 lent.append((kind, available.pop()))
                 count -= 1
-            short = short or count > 0
+            # Only a short kind that takes CPUs or GPUs needs room (LPSs, leaders take none)
+            short = short or (count > 0 and bool(kind.num_cpus or kind.num_gpus))
         if short:
             self._make_room()
         # A loan even when empty-handed: while it is out, top_up starts nothing that could
@@ -227,9 +228,9 @@ class WarmPool:
                 ray.kill(actor)  # killed by the run already, or stuck in a failed step
             else:
                 kept.append((kind, actor))
-        if close or not kept:
+        if close:
             self.loans.pop(pid, None)
-        else:
+        else:  # still open (if empty): the driver may be running actors of its own
             self.loans[pid] = kept
         return self.top_up()
 

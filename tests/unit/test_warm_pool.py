@@ -132,6 +132,13 @@ def test_a_layout_the_service_cannot_serve_makes_room(service_pool):
     assert pool.status()["idle client"] == 2  # started again once no loan is out
 
 
+def test_coordinators_the_service_does_not_keep_take_no_room(service_pool):
+    pool, killed = service_pool
+    lps = ActorKind("lps", 0.0, 0.0)
+    assert pool.lend(os.getpid(), [(CLIENT, 1), (lps, 2)])  # one client lent, no LPS kept
+    assert killed == [] and pool.status()["idle client"] == 1
+
+
 def test_loans_of_drivers_that_died_are_reclaimed(service_pool, monkeypatch):
     pool, killed = service_pool
     dead_pid = 999_999_999
