@@ -239,7 +239,8 @@ def up(
     ] = 0.0,
 ) -> None:
     """Keep a Ray and warm actors on this machine: later runs join them (no start-up)."""
-    from raymtl.runtime.warm import home, up
+    from raymtl.home import raymtl_home
+    from raymtl.runtime.warm import up
 
     try:
         service, started = up(num_cpus, client_actors, cpus_per_actor, gpus_per_actor)
@@ -249,7 +250,7 @@ def up(
     state = "started" if started else "already running"
     console.print(
         f"raymtl up: {state} (pid {service.pid}, Ray at {service.address}, "
-        f"{service.num_cpus} CPUs; warm actors: {actors}); state in {home()}. "
+        f"{service.num_cpus} CPUs; warm actors: {actors}); state in {raymtl_home()}. "
         "Runs with runtime.address: null join it; `raymtl down` stops it.",
         highlight=False,
     )

@@ -86,8 +86,8 @@ class ActorPool:
         """An idle actor of `kind` (the one that served `host` last, if idle; else one
         borrowed from the lender), or None."""
         matching = [idle for idle in self.idle if idle.kind == kind]
-        if not matching and self.lender is not None and self.active:
-            self.borrow(Counter({kind: 1}))
+        if not matching:
+            self.borrow(Counter({kind: 1}))  # from the lender, when joined to one
             matching = [idle for idle in self.idle if idle.kind == kind]
         if not matching:
             return None
@@ -120,7 +120,7 @@ class ActorPool:
         returned = [a.handle for a in idle if actor_key(a.handle) in self.borrowed]
         for actor in idle:
             if actor_key(actor.handle) in self.borrowed:
-                continue
+                continue  # handed back below
             try:
                 kill(actor.handle)
             except Exception as error:  # Ray already shut down: the actor is gone with it

@@ -216,11 +216,9 @@ class RayExecutor(Executor):
         (or taken from the reuse session) on first use: a federation without a peer graph or
         a graph participant never starts its process."""
         if self._graph is None:
-            from raymtl.runtime.actors import GraphActor
-
             self._graph = self.pooling and POOL.take(GRAPH_KIND, "graph")
             if not self._graph:
-                self._graph = GraphActor.options(name=f"raymtl-{self.tag}-graph").remote()
+                self._graph = start_actor(GRAPH_KIND, f"raymtl-{self.tag}-graph")
         return self._graph
 
     def peer_mixing(self, kind, num_nodes, seed, params):
@@ -247,8 +245,6 @@ class RayExecutor(Executor):
         return ActorKind(role, 0.0, 0.0)
 
     def _start_host(self, name, role, spec):
-        from raymtl.runtime.actors import ACTOR_OF_ROLE
-
         kind = self.kinds[name] = self.actor_kind(role)
         if role == "graph":  # the graph service also hosts the algorithm's graph steps
             self._attaching[name] = self.graph.attach.remote(spec)
@@ -258,19 +254,10 @@ class RayExecutor(Executor):
         if reused:  # an actor of the last federation: given this one's spec
             self._attaching[name] = reused.attach.remote(spec)
             return reused
-        resources = {"num_cpus": kind.num_cpus}
+        placement = {}
         if role == "client":
-            resources["num_gpus"] = kind.num_gpus
-            resources["scheduling_strategy"] = trial_group_strategy() or "SPREAD"
-        # No Ray restarts: an actor restarted alone would reload an older checkpoint than its
-        # peers hold. A lost host rolls the whole federation back instead (driver.py).
-        return (
-            ACTOR_OF_ROLE[role]
-            .options(
-                name=f"raymtl-{self.tag}-{name}", max_restarts=0, max_task_retries=0, **resources
-            )
-            .remote(spec)
-        )
+            placement["scheduling_strategy"] = trial_group_strategy() or "SPREAD"
+        return start_actor(kind, f"raymtl-{self.tag}-{name}", spec, **placement)
 
     def _build(self, names):
         """Build every named actor in parallel. An exception raised by `build`, or by the
@@ -516,6 +503,28 @@ class RayExecutor(Executor):
 
 
 GRAPH_KIND = ActorKind("graph", 0.0, 0.0)
+
+
+def start_actor(kind: ActorKind, name: str, spec=None, **options):
+    """A host actor of `kind` named `name` (`options`: more of Ray's, e.g. its scheduling
+    strategy or namespace): clients with their CPUs and GPUs, coordinators with none, the
+    graph service with no spec (it is `attach`ed one). Used by the executor and by
+    `raymtl up`'s pool (warm.py), whose actors have no spec until a run attaches one."""
+    from raymtl.runtime.actors import ACTOR_OF_ROLE, GraphActor
+
+    if kind.role == "graph":
+        return GraphActor.options(name=name, **options).remote()
+    resources = {"num_cpus": kind.num_cpus}
+    if kind.role == "client":
+        resources["num_gpus"] = kind.num_gpus
+    args = () if spec is None else (spec,)
+    # No Ray restarts: an actor restarted alone would reload an older checkpoint than its
+    # peers hold. A lost host rolls the whole federation back instead (driver.py).
+    return (
+        ACTOR_OF_ROLE[kind.role]
+        .options(name=name, max_restarts=0, max_task_retries=0, **resources, **options)
+        .remote(*args)
+    )
 
 
 def torch_sees_gpu() -> bool:

@@ -48,17 +48,13 @@ from pathlib import Path
 
 from raymtl.home import raymtl_home
 from raymtl.runtime.actor_pool import ActorKind
+from raymtl.runtime.ray_executor import GRAPH_KIND, start_actor
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "raymtl-up"
 POOL_NAME = "pool"
 STATE_FILE = "up.json"
-
-
-def home() -> Path:
-    """Where the service's state and log live: $RAYMTL_HOME, else ~/.raymtl."""
-    return raymtl_home()
 
 
 def code_fingerprint() -> str:
@@ -103,7 +99,7 @@ def process_alive(pid: int) -> bool:
 
 def running() -> Service | None:
     """The service described by up.json, if its process is alive (a stale file is removed)."""
-    path = home() / STATE_FILE
+    path = raymtl_home() / STATE_FILE
     try:
         service = Service(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
@@ -119,31 +115,12 @@ def warm_kinds(
 ) -> dict[ActorKind, int]:
     """The actors a service keeps: client actors filling the CPUs (as clients_per_actor:
     auto lays a run out), one server and one graph service (they take no CPU)."""
-    from raymtl.runtime.ray_executor import GRAPH_KIND
-
     clients = client_actors or max(1, int(num_cpus // cpus_per_actor))
     return {
         ActorKind("client", cpus_per_actor, gpus_per_actor): clients,
         ActorKind("server", 0.0, 0.0): 1,
         GRAPH_KIND: 1,
     }
-
-
-def new_actor(kind: ActorKind, name: str):
-    """A host actor of `kind` with no spec yet (a run `attach`es one), as the executor would
-    start it: clients with their CPUs and GPUs, coordinators with none."""
-    from raymtl.runtime.actors import ACTOR_OF_ROLE, GraphActor
-
-    if kind.role == "graph":
-        return GraphActor.options(name=name, namespace=NAMESPACE).remote()
-    resources = {"num_cpus": kind.num_cpus}
-    if kind.role == "client":
-        resources["num_gpus"] = kind.num_gpus
-    return (
-        ACTOR_OF_ROLE[kind.role]
-        .options(name=name, namespace=NAMESPACE, max_restarts=0, max_task_retries=0, **resources)
-        .remote()
-    )
 
 
 class WarmPool:
@@ -158,7 +135,7 @@ class WarmPool:
 
     def _start(self, kind: ActorKind) -> None:
         self.started += 1
-        actor = new_actor(kind, f"{kind.role}-{self.started}")
+        actor = start_actor(kind, f"{kind.role}-{self.started}", namespace=NAMESPACE)
         self.warming.append(actor.warm_start.remote())
         self.idle[kind].append(actor)
 
@@ -325,7 +302,7 @@ def serve(num_cpus: int, client_actors: int | None, cpus_per_actor: float, gpus_
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.append(True))
     context = ray.init(namespace=NAMESPACE, **quiet_local_ray(num_cpus, dashboard=False))
-    state = home() / STATE_FILE
+    state = raymtl_home() / STATE_FILE
     try:
         kinds = warm_kinds(num_cpus, client_actors, cpus_per_actor, gpus_per_actor)
         pool = (
@@ -366,7 +343,7 @@ def up(
     service = running()
     if service is not None:
         return service, False
-    folder = home()
+    folder = raymtl_home()
     folder.mkdir(parents=True, exist_ok=True)
     logfile = folder / "up.log"
     settings = [num_cpus or os.cpu_count() or 1, client_actors, cpus_per_actor, gpus_per_actor]
@@ -402,7 +379,7 @@ def down(timeout: float = 60.0) -> Service | None:
         time.sleep(0.2)
     if process_alive(service.pid):
         os.kill(service.pid, signal.SIGKILL)
-    (home() / STATE_FILE).unlink(missing_ok=True)
+    (raymtl_home() / STATE_FILE).unlink(missing_ok=True)
     return service
 
 

@@ -51,9 +51,14 @@ def test_a_cached_fashion_mnist_is_the_decoded_one_and_a_changed_file_is_decoded
     assert len(decodes) == 1 and len(entries(home)) == 2  # a new key for the changed file
 
 
-def test_digits_come_from_the_cache_without_importing_sklearn_again(home):
+def test_digits_come_from_the_cache_without_importing_sklearn_again(home, monkeypatch):
     first = SOURCES["digits"]()
     assert entries(home)[0].startswith("digits-")
+
+    def no_decoding():
+        raise AssertionError("sklearn's digits decoded again")
+
+    monkeypatch.setattr("raymtl.data.sources._decode_digits", no_decoding)
     assert_same_pool(SOURCES["digits"](), first)
     assert first.x.shape == (1797, 1, 8, 8) and first.x.dtype == torch.uint8
 

@@ -99,7 +99,7 @@ def service_pool(monkeypatch):
     import ray
 
     killed = []
-    monkeypatch.setattr(warm, "new_actor", lambda kind, name: FakeHandle(name))
+    monkeypatch.setattr(warm, "start_actor", lambda kind, name, **options: FakeHandle(name))
     monkeypatch.setattr(ray, "kill", lambda handle: killed.append(handle.name))
     pool = WarmPool([(CLIENT, 2), (SERVER, 1)])
     pool.top_up()
