@@ -1,5 +1,5 @@
 """`python -m raymtl` is the `raymtl` command."""
 
-from raymtl.cli import main
+from raymtl.command import main
 
 main()

@@ -31,9 +31,20 @@ from raymtl.runtime.faults import RunStopped
 from raymtl.trackers.mlflow import MLflowCallback
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
-# Tables stay readable when the output is a file or a pipe (rich falls back to 80 columns).
-console = Console(width=None if sys.stdout.isatty() else 120)
-errors = Console(stderr=True)
+
+
+def make_consoles() -> None:
+    """The output and error consoles, for the standard streams as they are now (a command
+    forked from the preloaded process makes them again on its own terminal: preload.py)."""
+    global console, errors
+    # Tables stay readable when the output is a file or a pipe (rich falls back to 80 columns).
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    errors = Console(stderr=True)
+
+
+console: Console
+errors: Console
+make_consoles()
 
 
 # Exit codes (the README's "Exit codes"): 0 done; 1 an unexpected error (a bug), and
@@ -237,21 +248,29 @@ def up(
     gpus_per_actor: Annotated[
         float, typer.Option(min=0.0, help="GPUs a client actor takes (runtime.num_gpus_per_actor)")
     ] = 0.0,
+    preload: Annotated[
+        bool,
+        typer.Option(help="keep a process with raymtl imported: commands fork from it"),
+    ] = True,
 ) -> None:
     """Keep a Ray and warm actors on this machine: later runs join them (no start-up)."""
     from raymtl.home import raymtl_home
     from raymtl.runtime.warm import up
 
     try:
-        service, started = up(num_cpus, client_actors, cpus_per_actor, gpus_per_actor)
+        service, started = up(
+            num_cpus, client_actors, cpus_per_actor, gpus_per_actor, preload=preload
+        )
     except RuntimeError as error:
         fail(str(error), RUN_STOPPED)
     actors = ", ".join(f"{count} {role}" for role, count in service.actors.items())
     state = "started" if started else "already running"
     console.print(
         f"raymtl up: {state} (pid {service.pid}, Ray at {service.address}, "
-        f"{service.num_cpus} CPUs; warm actors: {actors}); state in {raymtl_home()}. "
-        "Runs with runtime.address: null join it; `raymtl down` stops it.",
+        f"{service.num_cpus} CPUs; warm actors: {actors}"
+        f"{'; commands forked from a preloaded process' if service.preloaded else ''}); "
+        f"state in {raymtl_home()}. Runs with runtime.address: null join it; `raymtl down` "
+        "stops it.",
         highlight=False,
     )
 

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +86,8 @@ def _counted_pass(copied: nn.Module, args, kwargs, training: bool, device: str) 
         for leaf in leaves
     ]
     call_args, call_kwargs = spec.unflatten(moved)
+    from torch.utils.flop_counter import FlopCounterMode  # imports triton where installed
+
     with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(training):
         output = copied(*call_args, **call_kwargs)
         if training:
@@ -139,6 +140,8 @@ class FlopMeter:
         """Run a coordinator's step: its result and FLOPs (measured on `key`'s first run)."""
         if key in self._per_step:
             return run(), self._per_step[key]
+        from torch.utils.flop_counter import FlopCounterMode
+
         with FlopCounterMode(display=False) as counter, paused():
             result = run()
         self._per_step[key] = float(counter.get_total_flops())

@@ -33,6 +33,7 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.callbacks import RoundEvent
 from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.metrics import Recorder
+from raymtl.runtime import preload
 from raymtl.runtime.accounting import CUMULATIVE, resumed_totals
 from raymtl.runtime.checkpoints import (
     DamagedCheckpoint,
@@ -50,6 +51,7 @@ from raymtl.runtime.executor import Executor, HostsLost
 from raymtl.runtime.faults import RunStopped, fault_rows, injection_schedule, replan_row
 from raymtl.runtime.launch import executor_factory
 from raymtl.runtime.planning import build_setup
+from raymtl.runtime.preload import seconds_since_command_start
 from raymtl.runtime.round_loop import RoundLoop
 from raymtl.runtime.run_dirs import bound_config, check_bound, finish_run, reopen_run, start_run
 from raymtl.runtime.storage import Location, publish
@@ -239,7 +241,10 @@ class Federation:
             # Ray and warm actors of `raymtl up` joined (warm.py) rather than started
             "joined_up": bool(getattr(self.make_executor, "joined_up", False)),
             "total_s": time.perf_counter() - began + ray_start,
-            "process_s": seconds_since_process_start(),
+            # from the command's start: its process's, or the `raymtl` that a preloaded
+            # process forked this one for (preload.py)
+            "process_s": seconds_since_command_start(),
+            "preloaded": preload.COMMAND_STARTED is not None,
         }
         self.recorder.add_rows("startup", [{"seed": self.seed, **startup}])
         self._wall, self._cumulative = resumed_totals(self.recorder.rounds(), self.seed, start)
@@ -401,17 +406,3 @@ class Federation:
         if self._executor is not None:
             executor, self._executor = self._executor, None
             executor.shutdown(keep=keep)
-
-
-def seconds_since_process_start() -> float:
-    """Seconds since this (the driver's) process started: when a seed's hosts are ready,
-    how long the command has run before its first round (imports and Ray included). Linux:
-    the process's start time in /proc; elsewhere not known (NaN)."""
-    import os
-
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: since boot
-        return float(Path("/proc/uptime").read_text().split()[0]) - started
-    except (OSError, ValueError, IndexError):
-        return float("nan")

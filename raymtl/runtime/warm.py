@@ -34,7 +34,6 @@ placed, and starts them again once no loan is out. Tune trials
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from pathlib import Path
 
 from raymtl.home import raymtl_home
 from raymtl.runtime.actor_pool import ActorKind
+from raymtl.runtime.preload import code_fingerprint, socket_path
 from raymtl.runtime.ray_executor import GRAPH_KIND, start_actor
 
 log = logging.getLogger(__name__)
@@ -55,19 +55,6 @@ log = logging.getLogger(__name__)
 NAMESPACE = "raymtl-up"
 POOL_NAME = "pool"
 STATE_FILE = "up.json"
-
-
-def code_fingerprint() -> str:
-    """The raymtl code this process imports: every module's path, size and mtime, hashed.
-    A service whose actors imported other code is not joined."""
-    import raymtl
-
-    root = Path(raymtl.__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        stat = path.stat()
-        digest.update(f"{path.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -81,6 +68,7 @@ class Service:
     actors: dict  # role -> how many warm actors it keeps
     started: float  # time.time() when it was ready
     auth: str | None = None  # its RAY_AUTH_MODE ("token": a driver joins with ~/.ray's token)
+    preloaded: int | None = None  # pid of its preloaded process (preload.py), if any
 
 
 def process_alive(pid: int) -> bool:
@@ -291,9 +279,37 @@ def join(ray, join_up: bool) -> Service | None:
     return service
 
 
-def serve(num_cpus: int, client_actors: int | None, cpus_per_actor: float, gpus_per_actor: float):
-    """The service process: a local Ray, the pool, its warm actors; up.json once they are
-    warm; until SIGTERM (`raymtl down`) or SIGINT, when it stops Ray and removes up.json."""
+def start_preloaded(logfile) -> subprocess.Popen:
+    """The preloaded process (preload.py) that commands are forked from, in this process's
+    environment as it was before Ray's start (what a command's own environment holds)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "raymtl.runtime.preload", str(socket_path())],
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def wait_until_serving(preloaded: subprocess.Popen, timeout: float = 300.0) -> None:
+    """Until the preloaded process listens (its imports done), so the commands after
+    `raymtl up` are forked; one that exited leaves commands to run as usual."""
+    deadline = time.monotonic() + timeout
+    while not socket_path().exists() and preloaded.poll() is None:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+
+
+def serve(
+    num_cpus: int,
+    client_actors: int | None,
+    cpus_per_actor: float,
+    gpus_per_actor: float,
+    preload: bool = True,
+):
+    """The service process: a local Ray, the pool, its warm actors, the preloaded process;
+    up.json once they are warm; until SIGTERM (`raymtl down`) or SIGINT, when it stops them
+    and Ray and removes up.json."""
     import ray
 
     from raymtl.runtime.launch import quiet_local_ray
@@ -301,6 +317,8 @@ def serve(num_cpus: int, client_actors: int | None, cpus_per_actor: float, gpus_
     stopping = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.append(True))
+    # Imports in parallel with Ray's start and the actors' warm-up (a CPU each, at most)
+    preloaded = start_preloaded(sys.stdout) if preload else None
     context = ray.init(namespace=NAMESPACE, **quiet_local_ray(num_cpus, dashboard=False))
     state = raymtl_home() / STATE_FILE
     try:
@@ -311,6 +329,8 @@ def serve(num_cpus: int, client_actors: int | None, cpus_per_actor: float, gpus_
             .remote(list(kinds.items()))
         )
         ray.get(pool.top_up.remote(wait=True))
+        if preloaded is not None:
+            wait_until_serving(preloaded)
         service = Service(
             pid=os.getpid(),
             address=context.address_info["gcs_address"],
@@ -319,6 +339,7 @@ def serve(num_cpus: int, client_actors: int | None, cpus_per_actor: float, gpus_
             actors={kind.role: count for kind, count in kinds.items()},
             started=time.time(),
             auth=os.environ.get("RAY_AUTH_MODE"),  # set by ray.init for a local Ray
+            preloaded=preloaded.pid if preloaded else None,
         )
         partial = state.with_suffix(".tmp")
         partial.write_text(json.dumps(asdict(service)))
@@ -329,6 +350,10 @@ def serve(num_cpus: int, client_actors: int | None, cpus_per_actor: float, gpus_
             ray.get(pool.reclaim.remote())  # loans of drivers that died
     finally:
         state.unlink(missing_ok=True)
+        if preloaded is not None:  # commands it forked run on: they are not its to stop
+            preloaded.terminate()
+            preloaded.wait()
+            socket_path().unlink(missing_ok=True)
         ray.shutdown()
 
 
@@ -338,15 +363,23 @@ def up(
     cpus_per_actor: float = 1.0,
     gpus_per_actor: float = 0.0,
     timeout: float = 300.0,
+    preload: bool = True,
 ) -> tuple[Service, bool]:
-    """Start the service (in a process of its own) unless one runs; (service, started)."""
+    """Start the service (in a process of its own) unless one runs; (service, started).
+    With `preload`, it keeps a preloaded process that `raymtl` commands fork from."""
     service = running()
     if service is not None:
         return service, False
     folder = raymtl_home()
     folder.mkdir(parents=True, exist_ok=True)
     logfile = folder / "up.log"
-    settings = [num_cpus or os.cpu_count() or 1, client_actors, cpus_per_actor, gpus_per_actor]
+    settings = [
+        num_cpus or os.cpu_count() or 1,
+        client_actors,
+        cpus_per_actor,
+        gpus_per_actor,
+        preload,
+    ]
     with open(logfile, "w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "raymtl.runtime.warm", json.dumps(settings)],

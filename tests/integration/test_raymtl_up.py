@@ -49,8 +49,13 @@ def test_runs_join_the_warm_actors_of_raymtl_up_and_down_stops_them(tmp_path):
         assert "already running" in raymtl(env, "up").stdout  # a second `up` starts nothing
         for out in ("joined-1", "joined-2"):
             raymtl(env, "run", str(experiment), f"output.dir={tmp_path / out}")
+        own_env = dict(env, RAYMTL_PRELOAD="0")  # not forked either: a process of its own
         raymtl(
-            env, "run", str(experiment), "runtime.join_up=false", f"output.dir={tmp_path / 'own'}"
+            own_env,
+            "run",
+            str(experiment),
+            "runtime.join_up=false",
+            f"output.dir={tmp_path / 'own'}",
         )
     finally:
         stopped = raymtl(env, "down").stdout
@@ -69,6 +74,10 @@ def test_runs_join_the_warm_actors_of_raymtl_up_and_down_stops_them(tmp_path):
     assert not set(first_hosts["actor"]) & set(table(own, "hosts")["actor"])
     assert table(first, "startup")["joined_up"].all()
     assert not table(own, "startup")["joined_up"].any()
+    # The joined commands were forked from the service's preloaded process (preload.py)
+    assert all(table(run, "startup")["preloaded"].all() for run in (first, second))
+    assert not table(own, "startup")["preloaded"].any()
+    assert service["preloaded"] and not process_alive(service["preloaded"])
     assert table(second, "startup")["ray_s"].iloc[0] < table(own, "startup")["ray_s"].iloc[0]
     # Fresh state on warm actors: the results of a run on a Ray of its own.
     for name in ("clients", "rounds", "messages"):
