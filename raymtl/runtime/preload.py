@@ -195,25 +195,33 @@ def serve(path: Path, target: str = "raymtl.cli:main", preload: bool = True) -> 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(str(path))
-    os.chmod(path, 0o600)  # this user's commands only
+    umask = os.umask(0o177)  # this user's commands only, from the moment it exists
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(umask)
     listener.listen(16)
     print(f"preloaded process {os.getpid()}: serving {path}", flush=True)
     while True:
         connection, _ = listener.accept()
+        fds = []
         try:
             message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
             hello = json.loads(message)
             refusal = refuse(connection, hello, code, environment, set_by_imports, len(fds))
-        except (OSError, ValueError) as error:
-            refusal = f"unreadable request ({error})"
-            fds = []
-        if refusal:
-            with contextlib.suppress(OSError):
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            refusal = f"unreadable request ({error!r})"
+        try:
+            if refusal:
                 connection.send(json.dumps({"refused": refusal}).encode())
-        elif os.fork() == 0:
-            listener.close()
-            _run_child(connection, fds, hello, set_by_imports, main)  # never returns
+            elif os.fork() == 0:
+                try:  # the child: it runs the command, and never serves
+                    listener.close()
+                    _run_child(connection, fds, hello, set_by_imports, main)
+                finally:  # a child that failed before it ran the command: it runs itself
+                    os._exit(1)
+        except OSError:  # the command went away, or no process could be forked: it runs
+            pass  # itself (it reads no pid)
         for fd in fds:
             os.close(fd)
         connection.close()
