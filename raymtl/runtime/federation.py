@@ -51,7 +51,6 @@ from raymtl.runtime.executor import Executor, HostsLost
 from raymtl.runtime.faults import RunStopped, fault_rows, injection_schedule, replan_row
 from raymtl.runtime.launch import executor_factory
 from raymtl.runtime.planning import build_setup
-from raymtl.runtime.preload import seconds_since_command_start
 from raymtl.runtime.round_loop import RoundLoop
 from raymtl.runtime.run_dirs import bound_config, check_bound, finish_run, reopen_run, start_run
 from raymtl.runtime.storage import Location, publish
@@ -243,7 +242,7 @@ class Federation:
             "total_s": time.perf_counter() - began + ray_start,
             # from the command's start: its process's, or the `raymtl` that a preloaded
             # process forked this one for (preload.py)
-            "process_s": seconds_since_command_start(),
+            "process_s": preload.seconds_since_command_start(),
             "preloaded": preload.COMMAND_STARTED is not None,
         }
         self.recorder.add_rows("startup", [{"seed": self.seed, **startup}])

@@ -317,7 +317,9 @@ def serve(
     stopping = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.append(True))
-    # Imports in parallel with Ray's start and the actors' warm-up (a CPU each, at most)
+    # Imports in parallel with Ray's start and the actors' warm-up (a CPU each, at most).
+    # A socket left by a service that was killed would read as serving: removed first.
+    socket_path().unlink(missing_ok=True)
     preloaded = start_preloaded(sys.stdout) if preload else None
     context = ray.init(namespace=NAMESPACE, **quiet_local_ray(num_cpus, dashboard=False))
     state = raymtl_home() / STATE_FILE
