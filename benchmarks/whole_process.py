@@ -213,30 +213,32 @@ def main() -> None:
     up_home = tempfile.mkdtemp(prefix="raymtl-up-")
     for home in (cold_home, up_home):  # as after a user's first run (older code: no cache)
         prime_pool_cache(home)
-    for kind, option in cases:
-        code_dir = None if kind == "plain" else args.code
-        home = up_home if kind in ("up", "cli") else cold_home
-        if kind in ("up", "cli"):
-            start_service(up_home)
-        if kind == "cli":
-            runs = [run_cli(option, home) for _ in range(args.repeats)]
-        else:
-            runs = [run_child(kind, option, code_dir, home) for _ in range(args.repeats)]
-        result = median_of(runs)
-        first = f"{result['first_round_s']:.1f}" if "first_round_s" in result else "–"
-        rounds = f"{result['rounds_s']:.1f}" if "rounds_s" in result else "–"
-        if kind in ("up", "cli") and result["joined_up"] < 1:
-            raise SystemExit("a process did not join (or fork from) raymtl up: see up.log")
-        print(
-            f"| {kind} | {option} | {result['whole_s']:.1f} | {first} | {rounds} | "
-            f"{result['accuracy']:.3f} |",
-            flush=True,
-        )
-    if "up" in wanted or "cli" in wanted:
-        os.environ["RAYMTL_HOME"] = up_home
-        from raymtl.runtime.warm import down
+    try:
+        for kind, option in cases:
+            code_dir = None if kind == "plain" else args.code
+            home = up_home if kind in ("up", "cli") else cold_home
+            if kind in ("up", "cli"):
+                start_service(up_home)
+            if kind == "cli":
+                runs = [run_cli(option, home) for _ in range(args.repeats)]
+            else:
+                runs = [run_child(kind, option, code_dir, home) for _ in range(args.repeats)]
+            result = median_of(runs)
+            first = f"{result['first_round_s']:.1f}" if "first_round_s" in result else "–"
+            rounds = f"{result['rounds_s']:.1f}" if "rounds_s" in result else "–"
+            if kind in ("up", "cli") and result["joined_up"] < 1:
+                raise SystemExit("a process did not join (or fork from) raymtl up: see up.log")
+            print(
+                f"| {kind} | {option} | {result['whole_s']:.1f} | {first} | {rounds} | "
+                f"{result['accuracy']:.3f} |",
+                flush=True,
+            )
+    finally:
+        if "up" in wanted or "cli" in wanted:  # also when a case failed
+            os.environ["RAYMTL_HOME"] = up_home
+            from raymtl.runtime.warm import down
 
-        down()
+            down()
     print(f"load average after: {os.getloadavg()}")
 
 
