@@ -28,7 +28,7 @@ from raymtl.algorithms.base import (
 from raymtl.algorithms.base import Message as AlgorithmMessage
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.config import ExperimentConfig
-from raymtl.flops import FlopMeter, paused
+from raymtl.flops import FlopMeter, paused, warm_up_counting
 from raymtl.models.registry import num_params
 from raymtl.plugins import load_plugins
 from raymtl.runtime.checkpoints import checkpoint_dir, read_host_checkpoint, write_host_checkpoint
@@ -124,6 +124,10 @@ class ParticipantHost:
         }
 
     def warm_up(self) -> None:
+        """torch's one-time costs, paid while the host starts, not in round 1: FLOP
+        counting's (every host's, coordinators included: a server's first broadcast cost
+        2.2 s of round 1 before), then a client's first training step's."""
+        warm_up_counting()
         clients = self.client_participants()
         if clients:
             warm_up(self.clients.checkout(clients[0]), self.precision(clients[0]))
