@@ -139,6 +139,36 @@ def print_results(results) -> None:
     plots = sorted((results.run_dir / "plots").glob("*.png"))
     print_summary(results.summary, f"Results: {results.run_dir}", console, plots)
     console.print(f"results in [bold]{results.location}[/]")
+    hint = start_up_hint(results.config, results.tables.get("startup"))
+    if hint:
+        console.print(hint, style="dim", highlight=False, soft_wrap=True)
+
+
+# A first round later than this after a command that started a local Ray of its own: worth
+# saying that `raymtl up` takes Ray's and the actors' start off the next commands (1.7-2.4 s
+# to the first round against 16-26 s on 2 cores: benchmarks/RESULTS.md).
+SLOW_START_S = 10.0
+
+
+def start_up_hint(config: dict, startup) -> str | None:
+    """One line for a run that started a local Ray of its own (no `runtime.address`, not
+    joined to `raymtl up`, `runtime.join_up` not off) and whose first round began
+    SLOW_START_S or more after the command: where the seconds went (startup.parquet's first
+    row), and what keeps them off later commands. None otherwise."""
+    runtime = config.get("runtime", {})
+    if runtime.get("executor") != "ray" or runtime.get("address") or not runtime.get("join_up"):
+        return None
+    if startup is None or startup.empty or "joined_up" not in startup:
+        return None
+    first = startup.iloc[0]
+    if bool(first["joined_up"]) or first["process_s"] < SLOW_START_S:
+        return None
+    return (
+        f"start-up: the first round began {first['process_s']:.0f} s after the command (Ray "
+        f"{first['ray_s']:.1f} s, actors {first['hosts_up_s']:.1f} s, build and warm-up "
+        f"{first['build_s']:.1f} s); `raymtl up` keeps a Ray and warm actors for the next "
+        "commands"
+    )
 
 
 @app.command()
