@@ -132,6 +132,10 @@ def run(
                     file, overrides or [], callbacks=[RoundProgress(progress), *callbacks]
                 )
         print_results(results)
+        # A resumed run's startup table begins with its first command's start: said then.
+        hint = None if resume else start_up_hint(results.config, results.tables.get("startup"))
+        if hint:
+            console.print(hint, style="dim", highlight=False, soft_wrap=True)
 
 
 def print_results(results) -> None:
@@ -139,9 +143,6 @@ def print_results(results) -> None:
     plots = sorted((results.run_dir / "plots").glob("*.png"))
     print_summary(results.summary, f"Results: {results.run_dir}", console, plots)
     console.print(f"results in [bold]{results.location}[/]")
-    hint = start_up_hint(results.config, results.tables.get("startup"))
-    if hint:
-        console.print(hint, style="dim", highlight=False, soft_wrap=True)
 
 
 # A first round later than this after a command that started a local Ray of its own: worth

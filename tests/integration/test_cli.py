@@ -133,3 +133,17 @@ def test_resume_from_the_command_line(make_config, tmp_path):
     assert (run_dir / "summary.json").is_file()
     result = CliRunner().invoke(app, ["run", "--resume", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "config.yaml" in result.output
+
+
+def test_the_start_up_line_follows_a_run_and_never_a_resume(make_config, tmp_path, monkeypatch):
+    """The line speaks of the command's own start: a resumed run's startup table begins with
+    its first command's, so `--resume` prints none (the line's cases: test_start_up_hint)."""
+    from raymtl import cli
+    from raymtl.runtime import run_experiment
+
+    monkeypatch.setattr(cli, "start_up_hint", lambda config, startup: "start-up: slow")
+    result = CliRunner().invoke(app, ["run", str(write(tmp_path))])
+    assert result.exit_code == 0 and result.output.rstrip().endswith("start-up: slow")
+    run_dir = run_experiment(make_config(rounds=2), tmp_path / "run", stop_after=1)
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    assert result.exit_code == 0 and "start-up" not in result.output, result.output
