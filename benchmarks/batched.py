@@ -27,8 +27,9 @@ from raymtl.algorithms.training import local_sgd
 from raymtl.models import build_model
 
 CLIENTS, SAMPLES, SHAPE = 10, 480, (1, 28, 28)
-PARAMS = LocalTrainingParams(epochs=1, lr=0.05, batch_size=32, momentum=0.9,
-                             weight_decay=1e-4, clip_grad=1.0)  # fmt: skip
+PARAMS = LocalTrainingParams(
+    epochs=1, lr=0.05, batch_size=32, momentum=0.9, weight_decay=1e-4, clip_grad=1.0
+)
 
 
 def models_of(name: str, device: str) -> list[nn.Module]:
@@ -69,8 +70,11 @@ def compare(name: str, xs, ys, device: str) -> dict:
 
         serial_s.append(timed(one_by_one, device))
         batched_s.append(timed(together, device))
-    gap = max((a - b).abs().max().item() for m1, m2 in zip(serial, batched, strict=True)
-              for a, b in zip(m1.parameters(), m2.parameters(), strict=True))  # fmt: skip
+    gap = max(
+        (a - b).abs().max().item()
+        for m1, m2 in zip(serial, batched, strict=True)
+        for a, b in zip(m1.parameters(), m2.parameters(), strict=True)
+    )
     return {"model": name, "serial_s": min(serial_s), "batched_s": min(batched_s), "gap": gap}
 
 
@@ -81,15 +85,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    xs = [torch.randn(SAMPLES, *SHAPE, generator=generator).to(args.device)
-          for _ in range(CLIENTS)]  # fmt: skip
-    ys = [torch.randint(0, 10, (SAMPLES,), generator=generator).to(args.device)
-          for _ in range(CLIENTS)]  # fmt: skip
+    xs = [torch.randn(SAMPLES, *SHAPE, generator=generator).to(args.device) for _ in range(CLIENTS)]
+    ys = [
+        torch.randint(0, 10, (SAMPLES,), generator=generator).to(args.device)
+        for _ in range(CLIENTS)
+    ]
     for name in ("cnn_mnist", "large_cnn", "mlp"):
         r = compare(name, xs, ys, args.device)
-        print(f"| {name} | {args.device}, {args.threads} thread(s) | {r['serial_s']:.3f} | "
-              f"{r['batched_s']:.3f} | {r['serial_s'] / r['batched_s']:.2f}x | "
-              f"{r['gap']:.1e} |")  # fmt: skip
+        print(
+            f"| {name} | {args.device}, {args.threads} thread(s) | {r['serial_s']:.3f} | "
+            f"{r['batched_s']:.3f} | {r['serial_s'] / r['batched_s']:.2f}x | "
+            f"{r['gap']:.1e} |"
+        )
 
 
 if __name__ == "__main__":

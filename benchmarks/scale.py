@@ -164,8 +164,17 @@ def main() -> None:
     rows = []
     for algorithm, sizes in RUNS.items():
         for clients in sizes:
-            command = [sys.executable, __file__, "--one", algorithm, str(clients),
-                       "--budget", args.budget, "--precision", args.precision]  # fmt: skip
+            command = [
+                sys.executable,
+                __file__,
+                "--one",
+                algorithm,
+                str(clients),
+                "--budget",
+                args.budget,
+                "--precision",
+                args.precision,
+            ]
             out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
             result = json.loads(out.strip().splitlines()[-1])
             rows.append(row(result, args))

@@ -2,17 +2,46 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
 import pytest
 
 from raymtl.config import parse_config
+from raymtl.runtime.actor_pool import reusing_actors
+
+
+class SharedActors:
+    """The test session's actor reuse session (runtime/actor_pool.py): a federation that
+    finishes cleanly on the shared Ray hands its actors on to the next test's, as the seeds
+    of one `raymtl run` hand them on. A fresh host actor costs about 6 CPU-seconds (a
+    process, torch's imports, its warm-up): on 2 cores, most of a short integration test.
+    Every federation still starts from fresh state (`attach`; test_actor_reuse.py), and
+    one that failed keeps none of its actors. Tests that count actors take `fresh_actors`."""
+
+    def __init__(self) -> None:
+        self._session: contextlib.ExitStack | None = None
+
+    def open(self) -> None:
+        if self._session is None:
+            self._session = contextlib.ExitStack()
+            self._session.enter_context(reusing_actors())
+
+    def close(self) -> None:
+        """End the reuse session: its idle actors are killed."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            session.close()
+
+
+SHARED_ACTORS = SharedActors()
 
 
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
-    """One local Ray (2 CPUs) for every integration test of the session.
+    """One local Ray (2 CPUs) for every integration test of the session, with its actors
+    reused from test to test (SharedActors).
 
     Ray's temp files go to a fresh directory, so nothing from an earlier run (or
     from ~/.ray) is reused.
@@ -26,8 +55,33 @@ def ray_session(tmp_path_factory):
             log_to_driver=False,
             _temp_dir=str(tmp_path_factory.mktemp("ray")),
         )
+    SHARED_ACTORS.open()
     yield ray
+    SHARED_ACTORS.close()
     ray.shutdown()
+
+
+@pytest.fixture
+def fresh_actors(ray_session):
+    """The shared Ray with no actor kept from earlier tests and none kept for later ones:
+    every federation of the test starts its own (unless it opens a reuse session)."""
+    SHARED_ACTORS.close()
+    yield ray_session
+    SHARED_ACTORS.open()
+
+
+def actor_serving(ray, host: str):
+    """The handle of the raymtl actor that serves host `host` now. Found by asking each
+    actor (`serving`), not by its name: a kept actor's name is the run's that started it."""
+    listed = ray.util.list_named_actors(all_namespaces=True)
+    handles = [
+        ray.get_actor(a["name"], namespace=a["namespace"])
+        for a in listed
+        if a["name"].startswith("raymtl-")
+    ]
+    serving = ray.get([handle.serving.remote() for handle in handles])
+    (actor,) = [handle for handle, name in zip(handles, serving, strict=True) if name == host]
+    return actor
 
 
 def digits_experiment(tmp_path, **overrides) -> dict:
@@ -72,15 +126,13 @@ def write_experiment(tmp_path, filename="experiment.yaml", **overrides):
 
 def kill_host_after_round(ray, host: str, after_round: int, restart: bool, killed: list):
     """A progress callback that kills the actor of raymtl host `host` (e.g. 'clients-0',
-    'leader-0') once round `after_round` is complete; the actor's name goes to `killed`."""
+    'leader-0') once round `after_round` is complete; the host's name goes to `killed`."""
 
     def kill(seed, round_index, row):
         if round_index != after_round:
             return
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
-        (victim,) = [n for n in names if n.startswith("raymtl-") and n.endswith(f"-{host}")]
-        ray.kill(ray.get_actor(victim), no_restart=not restart)
-        killed.append(victim)
+        ray.kill(actor_serving(ray, host), no_restart=not restart)
+        killed.append(host)
 
     return kill
 

@@ -21,9 +21,12 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
+
+if TYPE_CHECKING:  # imported where a graph is built: hosts that only train never load it
+    import networkx as nx
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ def build_topology(kind: str, num_nodes: int, seed: int, **params: object) -> nx
 
 def _check_graph(kind: str, graph: object, num_nodes: int) -> nx.Graph:
     """A builder's graph is a connected simple graph on 0..num_nodes-1."""
+    import networkx as nx
+
     if not isinstance(graph, nx.Graph) or graph.is_directed() or graph.is_multigraph():
         raise ValueError(f"topology.kind: {kind} returned {type(graph).__name__}, not nx.Graph")
     if sorted(graph.nodes) != list(range(num_nodes)):
@@ -124,12 +129,16 @@ def _same(registered: Callable, new: Callable) -> bool:
 @register_topology("complete")
 def complete_topology(num_nodes: int, seed: int) -> nx.Graph:
     """Every pair of clients is connected (a single client is allowed)."""
+    import networkx as nx
+
     return nx.complete_graph(num_nodes)
 
 
 @register_topology("ring")
 def ring_topology(num_nodes: int, seed: int) -> nx.Graph:
     """Cycle 0-1-...-(n-1)-0 (a path for fewer than 3 clients)."""
+    import networkx as nx
+
     # nx.cycle_graph would add a self loop for n=1 and cannot double the edge for n=2.
     return nx.cycle_graph(num_nodes) if num_nodes >= 3 else nx.path_graph(num_nodes)
 
@@ -137,6 +146,8 @@ def ring_topology(num_nodes: int, seed: int) -> nx.Graph:
 @register_topology("erdos_renyi")
 def erdos_renyi_topology(num_nodes: int, seed: int, *, p: float = 0.15) -> nx.Graph:
     """G(n, p) random graph, connected by one random edge between consecutive components."""
+    import networkx as nx
+
     _check_probability("topology.p", p, allow_zero=False)
     graph = nx.gnp_random_graph(num_nodes, p, seed=seed)
     connect_components(graph, np.random.default_rng(seed))
@@ -146,6 +157,8 @@ def erdos_renyi_topology(num_nodes: int, seed: int, *, p: float = 0.15) -> nx.Gr
 @register_topology("watts_strogatz")
 def watts_strogatz_topology(num_nodes: int, seed: int, *, k: int = 4, p: float = 0.1) -> nx.Graph:
     """Connected small world: ring lattice of k neighbours, each edge rewired with prob. p."""
+    import networkx as nx
+
     if not _is_int(k) or k < 2 or k % 2 or k >= num_nodes:
         raise ValueError(
             f"topology.k: {k!r} is not an even integer in [2, num_nodes - 1 = {num_nodes - 1}]"
@@ -160,6 +173,8 @@ def watts_strogatz_topology(num_nodes: int, seed: int, *, k: int = 4, p: float =
 @register_topology("barabasi_albert")
 def barabasi_albert_topology(num_nodes: int, seed: int, *, m: int = 2) -> nx.Graph:
     """Preferential attachment: each new client links to m existing ones."""
+    import networkx as nx
+
     if not _is_int(m) or not 1 <= m < num_nodes:
         raise ValueError(
             f"topology.m: {m!r} is not an integer in [1, num_nodes - 1 = {num_nodes - 1}]"
@@ -170,6 +185,8 @@ def barabasi_albert_topology(num_nodes: int, seed: int, *, m: int = 2) -> nx.Gra
 @register_topology("custom")
 def custom_topology(num_nodes: int, seed: int, *, edges: list[list[int]] | None = None) -> nx.Graph:
     """User-given undirected edges [[i, j], ...]; must connect all clients."""
+    import networkx as nx
+
     if edges is None:
         raise ValueError("topology.edges: required for kind custom (a list of [i, j] pairs)")
     graph = nx.empty_graph(num_nodes)
@@ -183,6 +200,8 @@ def custom_topology(num_nodes: int, seed: int, *, edges: list[list[int]] | None 
 
 def connect_components(graph: nx.Graph, rng: np.random.Generator) -> None:
     """Chain the connected components (ordered by smallest node) with one random edge each."""
+    import networkx as nx
+
     components = sorted(sorted(component) for component in nx.connected_components(graph))
     for left, right in itertools.pairwise(components):
         graph.add_edge(int(rng.choice(left)), int(rng.choice(right)))

@@ -1,13 +1,13 @@
 """Host actors kept alive between the federations of one driver process, and reused.
 
-Starting a host actor costs a process, Ray's worker start-up and torch's import: about 2 s of
-CPU each, seconds of wall time per seed on a small machine. Within a reuse session (every
-seed of `raymtl run`, every experiment and seed of a sequential `raymtl compare`), a
-federation that finishes cleanly hands its actors back here, and the next federation whose
-layout asks for actors of the same kind (role, CPUs, GPUs) takes them instead of starting
-new ones. A taken actor is re-attached to its new spec (`ObjectStoreHost.attach`): every
-attribute of the old host is dropped first, so a federation starts from fresh state and its
-results equal a separate run's (tests/integration/test_actor_reuse.py). The process-wide
+Starting a host actor costs a process, Ray's worker start-up, torch's imports and its one-time
+warm-up: 5–6 s of CPU each on a 2-core machine, seconds of wall time per seed. Within a reuse
+session (every seed of `raymtl run`, every experiment and seed of a sequential `raymtl
+compare`), a federation that finishes cleanly hands its actors back here, and the next
+federation whose layout asks for actors of the same kind (role, CPUs, GPUs) takes them instead
+of starting new ones. A taken actor is re-attached to its new spec (`ObjectStoreHost.attach`):
+every attribute of the old host is dropped first, so a federation starts from fresh state and
+its results equal a separate run's (tests/integration/test_actor_reuse.py). The process-wide
 leftovers are what a fresh process would also build the same way (imported modules, torch's
 thread pools, FLOP measurements of a module shape).
 
@@ -16,7 +16,9 @@ may be dead or half-way through a step), actors inside a Ray Tune trial's placem
 (the trial's group ends with it), and anything once the session closes: the outermost
 session kills every idle actor, so a notebook is not left holding the cluster's CPUs.
 Idle actors of a kind the next federation does not need are killed before it places its own
-(an idle actor holds its CPUs: it could keep a differently laid out federation from fitting).
+(an idle actor holds its CPUs: it could keep a differently laid out federation from fitting);
+a federation that starts every actor of its own (runtime.reuse_actors false, autoscaling) and
+Ray Tune's trials kill every idle one first.
 
 Joined to a `raymtl up` service (warm.py), the pool has a `lender`: actors the session
 lacks are borrowed from the service's warm ones (`borrow`, `take`), and the session hands

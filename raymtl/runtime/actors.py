@@ -93,6 +93,13 @@ class ObjectStoreHost(ParticipantHost):
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
+    def serving(self) -> str:
+        """The name of the host this actor serves now ("" while it is idle). An actor kept
+        for the next federation keeps the name Ray gave it when it started (raymtl-<run
+        tag>-<host>), which may be another run's and another host's."""
+        spec = getattr(self, "spec", None)
+        return spec.name if spec is not None else ""
+
     def pool(self, source: str):
         """The pool the driver put in the object store: one copy per node, mapped here."""
         refs = self.spec.pools or {}

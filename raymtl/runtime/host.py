@@ -68,6 +68,7 @@ class HostSpec:
     # Folders the driver imported plugins from (raymtl.plugins.search_paths): a host imports
     # `config.plugins` from them before it builds anything.
     plugin_paths: tuple[str, ...] = ()
+    name: str = ""  # the host's name in the layout (clients-0, server, lps-1)
 
 
 class ParticipantHost:

@@ -167,6 +167,7 @@ def build_setup(
             checkpoint_root=str(seed_dir),  # a path or a URI (runtime/storage.py)
             resume_round=resume_round,
             plugin_paths=search_paths(),
+            name=name,
         )
         for name, members in surviving_layout(cfg, federation, executor, lost).items()
     }

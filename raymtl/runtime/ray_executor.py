@@ -378,8 +378,10 @@ class RayExecutor(Executor):
             )
             POOL.borrow(needed)  # from `raymtl up`'s warm actors, when joined to it
             POOL.keep_only(needed, self._ray.kill)
-        elif POOL.lender is not None:  # joined, starting actors of its own: the service's
-            POOL.lender.make_room()  # idle actors would hold the CPUs they need
+        else:  # starting actors of its own (runtime.reuse_actors false, autoscaling)
+            POOL.keep_only(Counter(), self._ray.kill)  # idle ones would hold their CPUs
+            if POOL.lender is not None:  # joined: the same of the service's idle actors
+                POOL.lender.make_room()
         if self.runtime.autoscale:
             clients = sum(role_of(spec.participants[0]) == "client" for spec in specs.values())
             self.request_room(clients)

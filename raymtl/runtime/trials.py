@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ import pyarrow.parquet as pq
 
 from raymtl.callbacks import Callback, RoundEvent
 from raymtl.config import ConfigError, ExperimentConfig, dump_config, parse_config
+from raymtl.runtime.actor_pool import POOL, ray_kill
 from raymtl.runtime.faults import RunStopped
 
 # Tune runs each trial up to this many times more after a failure (FailureConfig).
@@ -340,6 +342,9 @@ def run_tuner(trainable, param_space: dict, tune_config, storage: Path | None = 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     keep = storage is not None
     storage = Path(storage) if keep else Path(tempfile.mkdtemp(prefix="raymtl-tune-"))
+    # The trials start actors of their own: actors a reuse session of this process keeps
+    # idle would hold the CPUs the trials' placement groups wait for.
+    POOL.keep_only(Counter(), ray_kill)
     try:
         tuner = tune.Tuner(
             trainable,

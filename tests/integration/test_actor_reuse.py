@@ -25,7 +25,7 @@ def raymtl_actors(ray) -> list[str]:
 
 
 @pytest.mark.slow
-def test_reused_actors_give_the_results_of_fresh_ones(ray_session, tmp_path):
+def test_reused_actors_give_the_results_of_fresh_ones(fresh_actors, tmp_path):
     # FedAvg (server + clients) and SFMTL-Graph (graph service + server + clients): two
     # layouts, two seeds each, one after another on the session's 2 CPUs.
     raw = digits_experiment(
@@ -35,7 +35,7 @@ def test_reused_actors_give_the_results_of_fresh_ones(ray_session, tmp_path):
     before = POOL.reused
     reused = raymtl.compare([raw], arms, out=tmp_path / "reused")
     assert POOL.reused > before and not POOL.idle  # reused, and none left idle
-    assert not raymtl_actors(ray_session)  # the session's end killed them
+    assert not raymtl_actors(fresh_actors)  # the session's end killed them
     fresh = raymtl.compare([raw], [*arms, "runtime.reuse_actors=false"], out=tmp_path / "fresh")
 
     pd.testing.assert_frame_equal(learned(reused.table), learned(fresh.table))
@@ -62,11 +62,28 @@ def test_reused_actors_give_the_results_of_fresh_ones(ray_session, tmp_path):
     assert startup["hosts_up_s"].iloc[1] < fresh_startup["hosts_up_s"].iloc[1]
 
 
-def test_a_federation_that_did_not_finish_keeps_nothing(ray_session, tmp_path):
+def test_a_federation_that_did_not_finish_keeps_nothing(fresh_actors, tmp_path):
     # stop_after: the first seed stops as a crash would (the seed stays open): its actors
     # are killed, not kept, even inside a reuse session.
     cfg = parse_config(digits_experiment(tmp_path, **{"runtime.executor": "ray"}))
     with reusing_actors():
         run_experiment(cfg, tmp_path / "crashed", stop_after=1)
         assert not POOL.idle
-    assert not raymtl_actors(ray_session)
+    assert not raymtl_actors(fresh_actors)
+
+
+def test_a_run_starting_actors_of_its_own_first_kills_the_idle_ones(fresh_actors, tmp_path):
+    # Two client actors of 1 CPU kept idle hold both of the session's CPUs: a run with
+    # runtime.reuse_actors false inside the same reuse session (an arm of a comparison)
+    # must not wait for them until runtime.placement_timeout_s.
+    settings = {"runtime.executor": "ray", "runtime.clients_per_actor": 3}
+    kept = parse_config(digits_experiment(tmp_path, **settings))
+    own = {"runtime.reuse_actors": False, "runtime.placement_timeout_s": 20}
+    own = parse_config(digits_experiment(tmp_path, **settings, **own))
+    with reusing_actors():
+        run_experiment(kept, tmp_path / "kept")
+        assert sorted(idle.kind.role for idle in POOL.idle) == ["client", "client", "server"]
+        run_dir = run_experiment(own, tmp_path / "own")
+        assert not POOL.idle
+    assert pq.read_table(run_dir / "rounds.parquet").num_rows == 2
+    assert not raymtl_actors(fresh_actors)

@@ -18,11 +18,19 @@ from tests.conftest import digits_experiment, kill_host_after_round
 pytestmark = pytest.mark.ray
 
 TWIN_TASKS = [
-    {"name": "attributes", "targets": "attributes", "clients": 3,
-     "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 5e-3}},
-    {"name": "landmarks", "targets": "landmarks", "clients": 3,
-     "optimizer": {"name": "adam", "lr": 1e-3}},
-]  # fmt: skip
+    {
+        "name": "attributes",
+        "targets": "attributes",
+        "clients": 3,
+        "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 5e-3},
+    },
+    {
+        "name": "landmarks",
+        "targets": "landmarks",
+        "clients": 3,
+        "optimizer": {"name": "adam", "lr": 1e-3},
+    },
+]
 
 
 def twin(tmp_path, source="digits", **overrides):

@@ -18,7 +18,7 @@ import pytest
 
 from raymtl.runtime import run_experiment
 from raymtl.runtime.faults import RunStopped
-from tests.conftest import write_experiment
+from tests.conftest import actor_serving, write_experiment
 
 pytestmark = pytest.mark.ray
 
@@ -44,10 +44,8 @@ def kill_once(ray, host: str, after_round: int, killed: list):
     def kill(seed, round_index, row):
         if round_index != after_round or killed:
             return
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
-        (victim,) = [n for n in names if n.startswith("raymtl-") and n.endswith(f"-{host}")]
-        ray.kill(ray.get_actor(victim), no_restart=True)
-        killed.append(victim)
+        ray.kill(actor_serving(ray, host), no_restart=True)
+        killed.append(host)
 
     return kill
 

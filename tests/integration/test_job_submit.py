@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,33 +37,57 @@ def token_head(tmp_path):
     env.pop("RAY_ADDRESS", None)
     gcs, dashboard = free_port(), free_port()
     temp = Path("/tmp") / f"rj{secrets.token_hex(3)}"  # Ray's socket paths must stay short
-    start = [RAY, "start", "--head", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=true",
-             "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-             f"--temp-dir={temp}", "--disable-usage-stats", "--block",
-             # a second Ray on this machine (the session's): its agents need ports of their own
-             f"--dashboard-agent-listen-port={free_port()}",
-             f"--dashboard-agent-grpc-port={free_port()}",
-             f"--runtime-env-agent-port={free_port()}",
-             f"--metrics-export-port={free_port()}"]  # fmt: skip
+    start = [
+        RAY,
+        "start",
+        "--head",
+        f"--port={gcs}",
+        "--num-cpus=2",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        f"--temp-dir={temp}",
+        "--disable-usage-stats",
+        "--block",
+        # a second Ray on this machine (the session's): its agents need ports of their own
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+    ]
     # --block, in a process group of its own: stopping it stops this head only (`ray stop`
     # would stop every Ray on the machine, the test session's shared one included).
-    head = subprocess.Popen(start, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    head = subprocess.Popen(
+        start, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     address = f"http://127.0.0.1:{dashboard}"
     try:
         wait_for_head(env, address)
         yield env, address
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=60)
+        stop_head(head)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def stop_head(head: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop the head's process group: SIGTERM, then SIGKILL (`ray stop --force`'s signal)
+    what is left after `grace_s`. A `ray start --block` given SIGTERM waits ~30 s for its
+    processes to stop gracefully, which a head about to be deleted does not need."""
+    os.killpg(head.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):  # still stopping: killed below
+        head.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):  # every process already gone
+        os.killpg(head.pid, signal.SIGKILL)
+    head.wait(timeout=60)
 
 
 def wait_for_head(env, address: str, seconds: float = 120) -> None:
     """Until the head's job server answers (`ray job list`)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        probe = subprocess.run([RAY, "job", "list", f"--address={address}"], env=env,
-                               capture_output=True, timeout=60)  # fmt: skip
+        probe = subprocess.run(
+            [RAY, "job", "list", f"--address={address}"], env=env, capture_output=True, timeout=60
+        )
         if probe.returncode == 0:
             return
         time.sleep(2)
@@ -69,15 +95,29 @@ def wait_for_head(env, address: str, seconds: float = 120) -> None:
 
 
 def submit(env, address, output_dir, *extra):
-    entrypoint = ["python", "-m", "raymtl", "run", "jobs/fedavg_digits.yaml",
-                  "runtime.address=auto", "rounds=1", "seeds=[0]", "output.plots=false",
-                  f"output.dir={output_dir}", *extra]  # fmt: skip
+    entrypoint = [
+        "python",
+        "-m",
+        "raymtl",
+        "run",
+        "jobs/fedavg_digits.yaml",
+        "runtime.address=auto",
+        "rounds=1",
+        "seeds=[0]",
+        "output.plots=false",
+        f"output.dir={output_dir}",
+        *extra,
+    ]
     command = [RAY, "job", "submit", f"--address={address}", "--working-dir", str(ROOT), "--"]
     for _ in range(10):  # a fresh head's job agent takes a while to come up
         result = subprocess.run(
-            [*command, *entrypoint], env=env, capture_output=True, text=True, timeout=600,
+            [*command, *entrypoint],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
             cwd=ROOT,
-        )  # fmt: skip
+        )
         if "No available agent" not in result.stderr + result.stdout:
             return result
         time.sleep(3)

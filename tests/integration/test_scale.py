@@ -50,8 +50,10 @@ def test_fedavg_hosts_keep_no_model_per_client_whatever_n(tmp_path, clients):
     # The checkpoint holds the server and the index of the clients saved: none.
     round1 = run_dir / "checkpoints" / "seed0" / "round00001"
     assert sorted(p.name for p in round1.iterdir()) == [
-        "COMPLETE", "index-client_0.json", "server.pt"
-    ]  # fmt: skip
+        "COMPLETE",
+        "index-client_0.json",
+        "server.pt",
+    ]
 
 
 def fedu_run(tmp_path, name: str, stop_after=None, **overrides):
@@ -94,8 +96,9 @@ def test_clients_trained_together_equal_clients_trained_one_after_the_other(tmp_
     }
     runs = {}
     for batch in (1, 3):
-        cfg = parse_config(digits_experiment(tmp_path, **settings,
-                                             **{"runtime.batch_clients": batch}))  # fmt: skip
+        cfg = parse_config(
+            digits_experiment(tmp_path, **settings, **{"runtime.batch_clients": batch})
+        )
         runs[batch] = pd.read_parquet(
             run_experiment(cfg, tmp_path / f"b{batch}") / "clients.parquet"
         )

@@ -65,8 +65,10 @@ def test_three_model_sizes_exchange_only_projections(ray_session, tmp_path):
 
 @pytest.mark.slow
 def test_inline_and_ray_executors_agree_exactly(ray_session, tmp_path):
-    runs = [run_experiment(hetero(tmp_path, **{"runtime.executor": e}), tmp_path / e)
-            for e in ("inline", "ray")]  # fmt: skip
+    runs = [
+        run_experiment(hetero(tmp_path, **{"runtime.executor": e}), tmp_path / e)
+        for e in ("inline", "ray")
+    ]
     columns = ["round", "client", "model", "loss", "accuracy", "bits_up", "bits_down"]
     frames = [pd.read_parquet(r / "clients.parquet")[columns] for r in runs]
     pd.testing.assert_frame_equal(*frames)

@@ -3,7 +3,8 @@ are killed for a layout that cannot use them, and that only the outermost sessio
 
 from __future__ import annotations
 
-from raymtl.runtime.actor_pool import POOL, ActorKind, ActorPool, reusing_actors
+from raymtl.runtime import actor_pool
+from raymtl.runtime.actor_pool import ActorKind, ActorPool, reusing_actors
 
 
 def test_idle_actors_of_other_kinds_are_killed_and_the_last_host_is_taken_first():
@@ -21,13 +22,17 @@ def test_idle_actors_of_other_kinds_are_killed_and_the_last_host_is_taken_first(
 
 
 def test_sessions_nest_and_the_outermost_kills_the_idle_actors(monkeypatch):
+    # A pool of its own: the process's may be inside the test session's reuse session
+    # (tests/conftest.py, SharedActors) when the integration tests ran first.
+    pool = ActorPool()
+    monkeypatch.setattr(actor_pool, "POOL", pool)
     killed = []
-    monkeypatch.setattr("raymtl.runtime.actor_pool.ray_kill", killed.append)
+    monkeypatch.setattr(actor_pool, "ray_kill", killed.append)
     kind = ActorKind("client", 1.0, 0.0)
     with reusing_actors():
         with reusing_actors():
-            POOL.give_back("actor-a", kind, "clients-0")
-        assert POOL.active and killed == []  # the inner session ended: still kept
-    assert not POOL.active and killed == ["actor-a"] and not POOL.idle
+            pool.give_back("actor-a", kind, "clients-0")
+        assert pool.active and killed == []  # the inner session ended: still kept
+    assert not pool.active and killed == ["actor-a"] and not pool.idle
     with reusing_actors(enabled=False):
-        assert not POOL.active  # runtime.reuse_actors: false opens no session
+        assert not pool.active  # runtime.reuse_actors: false opens no session

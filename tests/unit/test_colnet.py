@@ -27,8 +27,10 @@ def backbone(*values: float) -> dict[str, torch.Tensor]:
 
 
 def hand_off(src: str, dst: str, mean, start) -> list[Message]:
-    return [Message(src, dst, "group_backbone", backbone(*mean)),
-            Message(src, dst, "round_start", backbone(*start))]  # fmt: skip
+    return [
+        Message(src, dst, "group_backbone", backbone(*mean)),
+        Message(src, dst, "round_start", backbone(*start)),
+    ]
 
 
 def test_leader_computes_delta_and_sends_it_to_the_other_leaders_only():
@@ -97,8 +99,13 @@ def test_the_last_round_trains_only():
     for name in ("colnet", "fedper_ic", "intra_group"):
         assert [p.step for p in make(name).phases(5, 5)] == ["train"]
     assert [p.role for p in make("colnet").phases(1, 5)] == [
-        "client", "client", "leader", "leader", "leader", "client",
-    ]  # fmt: skip
+        "client",
+        "client",
+        "leader",
+        "leader",
+        "leader",
+        "client",
+    ]
 
 
 def test_leadership_passes_to_another_member_deterministically():

@@ -109,8 +109,9 @@ def test_only_the_anchor_gets_a_gradient():
 
 
 def federation(num_clients=6, public_size=1000):
-    return FederationInfo(num_clients, (10,) * num_clients, (10,) * num_clients, (1, 28, 28),
-                      public_size=public_size)  # fmt: skip
+    return FederationInfo(
+        num_clients, (10,) * num_clients, (10,) * num_clients, (1, 28, 28), public_size=public_size
+    )
 
 
 def test_the_paper_setting_fits_and_four_partners_are_refused():
@@ -157,8 +158,15 @@ def test_fedmuscle_without_public_data_is_refused(tmp_path):
 
 
 def test_the_public_set_comes_from_the_test_split_and_no_client_holds_it(tmp_path):
-    pool = Pool(torch.zeros(100, 1, 2, 2), torch.arange(100) % 10, 10, tuple("0123456789"),
-                1.0, "test", test_start=60)  # fmt: skip
+    pool = Pool(
+        torch.zeros(100, 1, 2, 2),
+        torch.arange(100) % 10,
+        10,
+        tuple("0123456789"),
+        1.0,
+        "test",
+        test_start=60,
+    )
     picked = public_indices(pool, "test", 20, seed=0)
     assert len(set(picked.tolist())) == 20 and picked.min() >= 60
     with pytest.raises(ValueError, match=r"data.public.size: 21 is more than half the 40 test"):
@@ -175,18 +183,25 @@ def test_the_public_set_changes_no_partition_without_one(tmp_path):
     _, shards, _, public = partition(cfg, 0)
     from raymtl.data import partition_clients
 
-    plain = partition_clients(load_pool("digits").y.numpy(), 10, num_clients=6, seed=0,
-                              **cfg.data.partition.model_dump())  # fmt: skip
+    plain = partition_clients(
+        load_pool("digits").y.numpy(), 10, num_clients=6, seed=0, **cfg.data.partition.model_dump()
+    )
     assert public is None
     assert all(np.array_equal(a.train_idx, b.train_idx) for a, b in zip(shards, plain, strict=True))
 
 
 def test_a_task_on_another_domain_is_resized_to_the_main_images(tmp_path):
     tasks = [{"name": "shapes", "clients": 4}, {"name": "digits", "source": "digits", "clients": 2}]
-    cfg = muscle_experiment(tmp_path, **{
-        "data.name": "synthetic", "data.params": {"shape": [1, 12, 12]}, "data.tasks": tasks,
-        "data.public": {"size": 100}, "data.partition": {"kind": "iid"},
-    })  # fmt: skip
+    cfg = muscle_experiment(
+        tmp_path,
+        **{
+            "data.name": "synthetic",
+            "data.params": {"shape": [1, 12, 12]},
+            "data.tasks": tasks,
+            "data.public": {"size": 100},
+            "data.partition": {"kind": "iid"},
+        },
+    )
     _, shards, specs, public = partition(cfg, 0)
     assert [s.source for s in shards] == [None] * 4 + ["digits"] * 2
     assert public.source == "synthetic" and [s.name for s in specs] == ["shapes", "digits"]
@@ -199,9 +214,14 @@ def test_a_task_on_another_domain_is_resized_to_the_main_images(tmp_path):
 
 def test_a_domain_with_other_channels_is_refused(tmp_path):
     tasks = [{"name": "a", "clients": 4}, {"name": "b", "source": "digits", "clients": 2}]
-    cfg = muscle_experiment(tmp_path, **{
-        "data.name": "synthetic", "data.params": {"shape": [3, 8, 8]}, "data.tasks": tasks,
-        "data.partition": {"kind": "iid"},
-    })  # fmt: skip
+    cfg = muscle_experiment(
+        tmp_path,
+        **{
+            "data.name": "synthetic",
+            "data.params": {"shape": [3, 8, 8]},
+            "data.tasks": tasks,
+            "data.partition": {"kind": "iid"},
+        },
+    )
     with pytest.raises(ConfigError, match=r"digits has 1 channel\(s\), data.name synthetic has 3"):
         partition(cfg, 0)

@@ -16,8 +16,14 @@ def labels():
 
 
 def split(labels, kind="fmnist_tasks", **options):
-    return partition_clients(labels, 10, num_clients=options.pop("num_clients", 10), kind=kind,
-                             seed=options.pop("seed", 0), **options)  # fmt: skip
+    return partition_clients(
+        labels,
+        10,
+        num_clients=options.pop("num_clients", 10),
+        kind=kind,
+        seed=options.pop("seed", 0),
+        **options,
+    )
 
 
 def own_fraction(labels, shard, tasks) -> float:
