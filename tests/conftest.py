@@ -15,7 +15,7 @@ from raymtl.runtime.actor_pool import reusing_actors
 class SharedActors:
     """The test session's actor reuse session (runtime/actor_pool.py): a federation that
     finishes cleanly on the shared Ray hands its actors on to the next test's, as the seeds
-    of one `raymtl run` hand them on. A fresh host actor costs about 6 CPU-seconds (a
+    of one `raymtl run` hand them on. A fresh host actor costs 5–7 CPU-seconds (a
     process, torch's imports, its warm-up): on 2 cores, most of a short integration test.
     Every federation still starts from fresh state (`attach`; test_actor_reuse.py), and
     one that failed keeps none of its actors. Tests that count actors take `fresh_actors`."""

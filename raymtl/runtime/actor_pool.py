@@ -1,7 +1,7 @@
 """Host actors kept alive between the federations of one driver process, and reused.
 
 Starting a host actor costs a process, Ray's worker start-up, torch's imports and its one-time
-warm-up: 5–6 s of CPU each on a 2-core machine, seconds of wall time per seed. Within a reuse
+warm-up: 5–7 s of CPU each on a 2-core machine, seconds of wall time per seed. Within a reuse
 session (every seed of `raymtl run`, every experiment and seed of a sequential `raymtl
 compare`), a federation that finishes cleanly hands its actors back here, and the next
 federation whose layout asks for actors of the same kind (role, CPUs, GPUs) takes them instead
