@@ -11,8 +11,13 @@ its results equal a separate run's (tests/integration/test_actor_reuse.py). The 
 leftovers are what a fresh process would also build the same way (imported modules, torch's
 thread pools, FLOP measurements of a module shape).
 
-What is never reused: the actors of a federation that ended on an error or a lost host (they
-may be dead or half-way through a step), actors inside a Ray Tune trial's placement group
+A federation rolling back from a lost host (federation.py `_recover`) hands back the actors
+that still answer `release` (alive, and done with any step: Ray runs an actor's calls one
+after another), so its replay starts new actors only for the hosts it lost; the lost ones
+are killed.
+
+What is never reused: the actors of a federation that ended on an error (they may be
+half-way through a step), actors inside a Ray Tune trial's placement group
 (the trial's group ends with it), and anything once the session closes: the outermost
 session kills every idle actor, so a notebook is not left holding the cluster's CPUs.
 Idle actors of a kind the next federation does not need are killed before it places its own
@@ -84,13 +89,22 @@ class ActorPool:
             self.borrowed.add(actor_key(handle))
             self.idle.append(IdleActor(handle, kind, host=""))
 
-    def take(self, kind: ActorKind, host: str):
-        """An idle actor of `kind` (the one that served `host` last, if idle; else one
-        borrowed from the lender), or None."""
-        matching = [idle for idle in self.idle if idle.kind == kind]
+    def take(self, kind: ActorKind, host: str, layout: frozenset[str] = frozenset()):
+        """An idle actor of `kind`, or None: the one that served `host` last, if idle; else
+        one that served no other host of `layout` (the hosts started with `host`: each takes
+        its own actor back, as after a rollback); else one borrowed from the lender."""
+
+        def available() -> list[IdleActor]:
+            return [
+                idle
+                for idle in self.idle
+                if idle.kind == kind and (idle.host == host or idle.host not in layout)
+            ]
+
+        matching = available()
         if not matching:
             self.borrow(Counter({kind: 1}))  # from the lender, when joined to one
-            matching = [idle for idle in self.idle if idle.kind == kind]
+            matching = available()
         if not matching:
             return None
         chosen = next((idle for idle in matching if idle.host == host), matching[0])
@@ -101,11 +115,12 @@ class ActorPool:
     def give_back(self, handle, kind: ActorKind, host: str) -> None:
         self.idle.append(IdleActor(handle, kind, host))
 
-    def keep_only(self, needed: Counter, kill) -> None:
-        """Kill the idle actors beyond what `needed` (kind -> count) can use."""
+    def keep_only(self, needed: Counter, kill, layout: frozenset[str] = frozenset()) -> None:
+        """Kill the idle actors beyond what `needed` (kind -> count) can use; those that
+        served a host of `layout` are kept first (`take` hands them back to it)."""
         wanted = Counter(needed)
         kept, returned = [], []
-        for idle in self.idle:
+        for idle in sorted(self.idle, key=lambda idle: idle.host not in layout):
             if wanted[idle.kind] > 0:
                 wanted[idle.kind] -= 1
                 kept.append(idle)

@@ -211,8 +211,9 @@ class Executor(ABC):
         return self._call("save", {name: (directory,) for name in self.hosts})
 
     def shutdown(self, keep: bool = False) -> None:
-        """Stop the hosts. `keep`: the federation ended cleanly, so their processes may
-        serve the next one (the Ray executor's reuse session; in process, nothing to keep)."""
+        """Stop the hosts. `keep`: the federation ended cleanly or rolls back to replay, so
+        the processes that still answer may serve the next one (the Ray executor's reuse
+        session; in process, nothing to keep)."""
         self._close_hosts()
         self._forget_hosts()
 

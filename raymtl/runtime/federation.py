@@ -304,11 +304,13 @@ class Federation:
         """Record a lost host and roll back: the next `_until` restarts from the last complete
         checkpoint, once Ray has declared the lost hosts' nodes dead (actors placed on a node
         Ray still counts as alive would be lost with it: two recoveries for one lost node).
-        With no recovery left, stop the run in one line (RunStopped)."""
+        With no recovery left, stop the run in one line (RunStopped). The hosts that still
+        answer keep their actors for the replay (a reuse session's pool, actor_pool.py): it
+        starts new actors only for the lost hosts."""
         executor = self._executor
-        self._shutdown()
         start, self.recoveries = latest_checkpoint(self.seed_dir), self.recoveries + 1
         recover = self.recoveries <= self.cfg.runtime.max_restarts
+        self._shutdown(keep=recover)
         seconds = time.perf_counter() - self._attempt
         injected = getattr(executor, "injected", set())
         rows = fault_rows(
@@ -399,9 +401,9 @@ class Federation:
         self.recorder.add_rows("hosts", rows)
 
     def _shutdown(self, keep: bool = False) -> None:
-        """Stop the hosts; `keep` (a seed that finished cleanly) lets a reuse session keep
-        their actors for the next federation (actor_pool.py), which never reuses a failed
-        or rolled-back federation's."""
+        """Stop the hosts; `keep` (a seed that finished cleanly, or a rollback about to
+        replay) lets a reuse session keep the actors that still answer for the next
+        federation (actor_pool.py); a federation that ended on an error keeps none."""
         if self._executor is not None:
             executor, self._executor = self._executor, None
             executor.shutdown(keep=keep)

@@ -11,8 +11,9 @@ runtime.placement_timeout_s stop the run in one line (`RunStopped`), never a sil
 
 Actors are reused: inside a reuse session (actor_pool.py: the seeds of a run, the
 experiments of a sequential compare) an executor takes idle actors of the kind it needs and
-`attach`es them to its specs, and one shut down after a clean federation (`keep`) hands its
-actors back instead of killing them.
+`attach`es them to its specs, and one shut down after a clean federation or for a rollback
+(`keep`) hands back the actors that still answer instead of killing them: a replay starts
+new actors only for the hosts it lost.
 
 runtime.autoscale asks the autoscaler for the client actors' bundles first
 (`request_room`); `torch_sees_gpu` tells the planner whether a GPU share is one torch can
@@ -120,6 +121,7 @@ class RayExecutor(Executor):
         # What each host's actor asked Ray for (hosts.parquet's num_cpus, num_gpus).
         self.resources: dict[str, dict[str, float]] = {}
         self.injected: set[str] = set()  # hosts killed by runtime.inject_faults
+        self.layout_hosts: frozenset[str] = frozenset()  # the hosts `start` was given
         self._gpu_seen: bool | None = None  # torch_sees_gpu's answer, once asked
 
     def clients_per_actor(self, num_clients: int) -> int:
@@ -250,7 +252,7 @@ class RayExecutor(Executor):
             self._attaching[name] = self.graph.attach.remote(spec)
             return self.graph
         self.resources[name] = {"num_cpus": kind.num_cpus, "num_gpus": kind.num_gpus}
-        reused = self.pooling and POOL.take(kind, name)
+        reused = self.pooling and POOL.take(kind, name, self.layout_hosts)
         if reused:  # an actor of the last federation: given this one's spec
             self._attaching[name] = reused.attach.remote(spec)
             return reused
@@ -372,12 +374,13 @@ class RayExecutor(Executor):
         return [self.drop(name, method, detail) for name in failed]
 
     def start(self, specs) -> dict[str, float]:
+        self.layout_hosts = frozenset(specs)  # each takes the idle actor it had, if any
         if self.pooling:  # idle actors this layout cannot use would hold its CPUs
             needed = Counter(
                 self.actor_kind(role_of(spec.participants[0])) for spec in specs.values()
             )
             POOL.borrow(needed)  # from `raymtl up`'s warm actors, when joined to it
-            POOL.keep_only(needed, self._ray.kill)
+            POOL.keep_only(needed, self._ray.kill, self.layout_hosts)
         else:  # starting actors of its own (runtime.reuse_actors false, autoscaling)
             POOL.keep_only(Counter(), self._ray.kill)  # idle ones would hold their CPUs
             if POOL.lender is not None:  # joined: the same of the service's idle actors
@@ -471,7 +474,8 @@ class RayExecutor(Executor):
 
     def shutdown(self, keep: bool = False):
         """Stop the hosts: their actors are killed, or with `keep` (a federation that ended
-        cleanly) released and handed back to the reuse session's pool."""
+        cleanly, or one rolling back) released and handed back to the reuse session's pool;
+        an actor that does not answer (a lost host's) is killed."""
         if self.runtime.autoscale:  # the nodes may go idle now, and be removed
             from ray.autoscaler.sdk import request_resources
 

@@ -77,6 +77,29 @@ def test_a_lost_host_is_recovered_with_identical_results(ray_session, make_confi
     assert faults["recoveries"] == 1 and faults["rounds_replayed"] == 1
 
 
+def test_the_replay_starts_a_new_actor_only_for_the_lost_host(ray_session, make_config, tmp_path):
+    """The hosts that still answer keep their actors through the rollback; the results are
+    the fault-free run's (the test above)."""
+    hosts, before, killed = ("clients-0", "clients-1", "server"), {}, []
+
+    def kill(seed, round_index, row):
+        if round_index != 1 or killed:
+            return
+        actors = {host: actor_serving(ray_session, host) for host in hosts}
+        before.update({host: actor._actor_id.hex() for host, actor in actors.items()})
+        ray_session.kill(actors["clients-0"], no_restart=True)
+        killed.append("clients-0")
+
+    cfg = make_config(**SETTINGS, **{"algorithm.name": "fedavg", "runtime.max_restarts": 1})
+    run_dir = run_experiment(cfg, tmp_path / "run", kill)
+    (fault,) = pd.read_parquet(run_dir / "faults.parquet").to_dict("records")
+    assert fault["host"] == "clients-0" and fault["action"] == "rolled back to round 0, replaying"
+    after = pd.read_parquet(run_dir / "hosts.parquet").set_index("host")["actor"].to_dict()
+    assert set(after) == set(hosts)
+    assert after["clients-0"] != before["clients-0"]
+    assert after["clients-1"] == before["clients-1"] and after["server"] == before["server"]
+
+
 def test_without_restarts_left_a_lost_host_stops_the_run_in_one_line(
     ray_session, make_config, tmp_path
 ):
