@@ -3,7 +3,7 @@ old code against new, in one sitting.
 
 Runs jobs/sheaf_fmtl_rotated_fmnist.yaml (40 clients, 2 client actors of 20, the maps of one
 seed ≈ 12.4 GB) as a user does, `python -m raymtl run`, one seed and `--rounds` rounds, for
-this tree (*new*) and for the tree given by `--old` (e.g. the code the issue measured,
+this tree (*new*) and for the tree given by `--old` (e.g. the code before issue 20's changes,
 unpacked with `git archive 65f12c7~1 | tar -x -C /tmp/sheaf_old`), imported first through
 PYTHONPATH (Ray's workers inherit it; each run checks which tree it imported). The two
 alternate `--repeats` times, each in a fresh process with a Ray of its own. Per run:
