@@ -59,4 +59,6 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *EXPORTS, *extension_names()})
+    # A notebook's completion lists what a user may reach, not what this module imports.
+    own = set(globals()) - {"annotations", "importlib"}
+    return sorted({*own, *EXPORTS, *extension_names()})

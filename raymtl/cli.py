@@ -1,11 +1,10 @@
-"""`raymtl run | compare | tune | report | list`.
+"""`raymtl run | compare | tune | report | up | down | list`.
 
 `run`, `compare` and `tune` are `raymtl.run` / `raymtl.resume` / `raymtl.compare` /
 `raymtl.tune` with a progress bar (a `Callback`) and printed tables: one code path for Python
-and the command line. Every user
-error (bad experiment file, impossible combination, missing dataset) is one line on stderr and
-exit code 2, a run that cannot go on (recoveries used up, actors the cluster cannot place) one
-line and exit code 3 — never a traceback.
+and the command line. Every user error (bad experiment file, impossible combination, missing
+dataset) is one line on stderr and exit code 2, a run that cannot go on (recoveries used up,
+actors the cluster cannot place) one line and exit code 3 — never a traceback.
 """
 
 from __future__ import annotations

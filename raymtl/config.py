@@ -375,7 +375,7 @@ def parse_config(raw: dict) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(first_error(error)) from None
+        raise ConfigError(first_error(error, model=ExperimentConfig)) from None
     except ValueError as error:  # raised by builders called from validators
         raise ConfigError(one_line(error)) from None
 

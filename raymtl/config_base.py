@@ -8,7 +8,11 @@ config_base <- plugins, config_data <- config_checks <- config.
 
 from __future__ import annotations
 
+import difflib
 import re
+import types
+import typing
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -39,14 +43,52 @@ def size_in_bytes(value: int | str) -> int | None:
     return int(float(match.group(1)) * UNITS[match.group(2).lower()])
 
 
-def first_error(error: ValidationError, prefix: str = "") -> str:
-    """One line from a pydantic error: 'field.path: message'."""
+def did_you_mean(key: str, allowed: Iterable[str]) -> str:
+    """' (did you mean num_clients?)' when `key` is a near miss of an allowed one, else ''."""
+    close = difflib.get_close_matches(str(key), [str(name) for name in allowed], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def section_keys(model: type[BaseModel], path: Iterable[object]) -> list[str]:
+    """The keys of the section at `path` inside `model` ([] where the path leaves plain
+    sections: a list's item, a mapping's value, one of several section types)."""
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return []
+        sections = [kind for kind in _kinds(field.annotation) if _is_section(kind)]
+        if len(sections) != 1 or typing.get_origin(field.annotation) not in (
+            None,
+            typing.Union,
+            types.UnionType,
+        ):
+            return []
+        model = sections[0]
+    return list(model.model_fields)
+
+
+def _kinds(annotation: object) -> list[object]:
+    """`annotation` and, for `X | None`, its members."""
+    return [annotation, *typing.get_args(annotation)]
+
+
+def _is_section(kind: object) -> bool:
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
+
+
+def first_error(
+    error: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> str:
+    """One line from a pydantic error: 'field.path: message'. With the validated `model`,
+    an unknown key names the allowed key it is a near miss of."""
     detail = error.errors()[0]
     location = ".".join(str(part) for part in detail["loc"])
     location = ".".join(part for part in (prefix, location) if part)
     message = detail["msg"].removeprefix("Value error, ")
     if detail["type"] == "extra_forbidden":
-        message = "unknown key"
+        *parents, key = detail["loc"]
+        allowed = section_keys(model, parents) if model is not None else []
+        message = "unknown key" + did_you_mean(key, allowed)
     message = message.splitlines()[0] if message else message
     if location and FIELD_PREFIX.match(message):  # a section's rule names its own field
         return f"{location}.{message}"

@@ -47,7 +47,8 @@ def check_algorithm(cfg) -> None:
     try:
         cfg.algorithm.typed_params()
     except ValidationError as error:
-        raise ValueError(first_error(error, prefix="algorithm.params")) from None
+        message = first_error(error, prefix="algorithm.params", model=algorithm.Params)
+        raise ValueError(message) from None
     if cfg.topology.kind is None:
         cfg.topology.kind = default_topology(algorithm.shapes)
     if algorithm.uses_public and cfg.data.public is None:

@@ -99,7 +99,9 @@ def build_topology(kind: str, num_nodes: int, seed: int, **params: object) -> nx
     for param in params:
         if param not in spec.params:
             allowed = ", ".join(spec.params) or "none"
-            raise ValueError(f"topology.{param}: not a parameter of {kind} (allowed: {allowed})")
+            raise ValueError(
+                f"topology.params.{param}: not a parameter of {kind} (allowed: {allowed})"
+            )
     if not _is_int(num_nodes) or num_nodes < 1:
         raise ValueError(f"topology.num_nodes: {num_nodes!r} is not a positive integer")
     if not _is_int(seed):
@@ -148,7 +150,7 @@ def erdos_renyi_topology(num_nodes: int, seed: int, *, p: float = 0.15) -> nx.Gr
     """G(n, p) random graph, connected by one random edge between consecutive components."""
     import networkx as nx
 
-    _check_probability("topology.p", p, allow_zero=False)
+    _check_probability("topology.params.p", p, allow_zero=False)
     graph = nx.gnp_random_graph(num_nodes, p, seed=seed)
     connect_components(graph, np.random.default_rng(seed))
     return graph
@@ -161,13 +163,14 @@ def watts_strogatz_topology(num_nodes: int, seed: int, *, k: int = 4, p: float =
 
     if not _is_int(k) or k < 2 or k % 2 or k >= num_nodes:
         raise ValueError(
-            f"topology.k: {k!r} is not an even integer in [2, num_nodes - 1 = {num_nodes - 1}]"
+            f"topology.params.k: {k!r} is not an even integer in "
+            f"[2, num_nodes - 1 = {num_nodes - 1}]"
         )
-    _check_probability("topology.p", p, allow_zero=True)
+    _check_probability("topology.params.p", p, allow_zero=True)
     try:
         return nx.connected_watts_strogatz_graph(num_nodes, k, p, tries=100, seed=seed)
     except nx.NetworkXError as error:
-        raise ValueError(f"topology.p: {p} gave no connected graph in 100 tries") from error
+        raise ValueError(f"topology.params.p: {p} gave no connected graph in 100 tries") from error
 
 
 @register_topology("barabasi_albert")
@@ -177,7 +180,7 @@ def barabasi_albert_topology(num_nodes: int, seed: int, *, m: int = 2) -> nx.Gra
 
     if not _is_int(m) or not 1 <= m < num_nodes:
         raise ValueError(
-            f"topology.m: {m!r} is not an integer in [1, num_nodes - 1 = {num_nodes - 1}]"
+            f"topology.params.m: {m!r} is not an integer in [1, num_nodes - 1 = {num_nodes - 1}]"
         )
     return nx.barabasi_albert_graph(num_nodes, m, seed=seed)
 
@@ -188,13 +191,15 @@ def custom_topology(num_nodes: int, seed: int, *, edges: list[list[int]] | None 
     import networkx as nx
 
     if edges is None:
-        raise ValueError("topology.edges: required for kind custom (a list of [i, j] pairs)")
+        raise ValueError("topology.params.edges: required for kind custom (a list of [i, j] pairs)")
     graph = nx.empty_graph(num_nodes)
     for edge in edges:
         graph.add_edge(*_check_edge(edge, num_nodes))
     if not nx.is_connected(graph):
         components = sorted(sorted(component) for component in nx.connected_components(graph))
-        raise ValueError(f"topology.edges: the graph is not connected (components: {components})")
+        raise ValueError(
+            f"topology.params.edges: the graph is not connected (components: {components})"
+        )
     return graph
 
 
@@ -235,12 +240,14 @@ def neighbours(graph: nx.Graph) -> dict[int, list[int]]:
 
 def _check_edge(edge: object, num_nodes: int) -> tuple[int, int]:
     if not isinstance(edge, list | tuple) or len(edge) != 2 or not all(map(_is_int, edge)):
-        raise ValueError(f"topology.edges: {edge!r} is not a pair [i, j] of node ids")
+        raise ValueError(f"topology.params.edges: {edge!r} is not a pair [i, j] of node ids")
     first, second = edge
     if not (0 <= first < num_nodes and 0 <= second < num_nodes):
-        raise ValueError(f"topology.edges: {list(edge)} has a node id outside 0..{num_nodes - 1}")
+        raise ValueError(
+            f"topology.params.edges: {list(edge)} has a node id outside 0..{num_nodes - 1}"
+        )
     if first == second:
-        raise ValueError(f"topology.edges: {list(edge)} is a self loop")
+        raise ValueError(f"topology.params.edges: {list(edge)} is a self loop")
     return first, second
 
 

@@ -103,7 +103,7 @@ class MLP(FedModel):
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int, hidden: int = 32):
         input_shape = check_input_shape(input_shape)
         if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden < 1:
-            raise ValueError(f"model.hidden: {hidden!r} is not a positive integer")
+            raise ValueError(f"model.params.hidden: {hidden!r} is not a positive integer")
         in_features = input_shape[0] * input_shape[1] * input_shape[2]
         backbone = nn.Sequential(
             OrderedDict(flatten=nn.Flatten(), fc1=nn.Linear(in_features, hidden), relu=nn.ReLU())

@@ -150,7 +150,9 @@ def check_model_params(name: str, params: dict) -> None:
     for param in params:
         if param not in model_cls.params:
             allowed = ", ".join(model_cls.params) or "none"
-            raise ValueError(f"model.{param}: not a parameter of {name} (allowed: {allowed})")
+            raise ValueError(
+                f"model.params.{param}: not a parameter of {name} (allowed: {allowed})"
+            )
 
 
 def _identity(cls: type) -> str:

@@ -56,7 +56,8 @@ class ResNet18(FedModel):
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int, split: str = "BL-1"):
         input_shape = check_input_shape(input_shape)
         if split not in HEAD_STARTS:
-            raise ValueError(f"model.split: {split!r} is not one of {', '.join(HEAD_STARTS)}")
+            allowed = ", ".join(HEAD_STARTS)
+            raise ValueError(f"model.params.split: {split!r} is not one of {allowed}")
         stages = small_image_resnet18_stages(input_shape[0], num_classes)
         head_start = [name for name, _ in stages].index(HEAD_STARTS[split])
         backbone = nn.Sequential(OrderedDict(stages[:head_start]))

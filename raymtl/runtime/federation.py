@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from raymtl.algorithms.base import client_name
@@ -61,7 +61,8 @@ log = logging.getLogger(__name__)
 class Federation:
     """One seed's federation: `run_round()`, `state(client)`, `close()` (or a `with` block).
 
-    `cfg`: an `ExperimentConfig` (or a mapping, or the path of an experiment file).
+    `cfg`: an `ExperimentConfig` (or a mapping, or the path of an experiment file);
+    `overrides`: `a.b=value` assignments applied to it, as `raymtl.run`'s.
     `run_dir`: the run directory (a path or a URI) it records into; by default a new one
     under output.dir, as `raymtl run` makes it; a run directory with a config.yaml already
     is resumed (its config may only change as --resume allows). Callbacks' `on_round_end`
@@ -78,14 +79,16 @@ class Federation:
         run_dir: str | Path | None = None,
         callbacks=(),
         *,
+        overrides: Iterable[str] = (),
         store: Location | None = None,
         recorder: Recorder | None = None,
         make_executor: Callable[[], Executor] | None = None,
     ):
-        if not isinstance(cfg, ExperimentConfig):
+        overrides = list(overrides)
+        if overrides or not isinstance(cfg, ExperimentConfig):
             from raymtl.python_api import experiment_config
 
-            cfg = experiment_config(cfg)
+            cfg = experiment_config(cfg, overrides)
         self.cfg = cfg
         self.seed = cfg.seeds[0] if seed is None else int(seed)
         self.callbacks = tuple(callbacks)

@@ -117,7 +117,7 @@ def test_compare_refuses_different_data(tmp_path):
 def test_bad_model_parameter_fails_before_any_actor(tmp_path):
     path = write(tmp_path, **{"model.params": {"hidden": 3}})
     result = CliRunner().invoke(app, ["run", str(path)])
-    assert result.exit_code == 2 and "model.hidden" in result.output
+    assert result.exit_code == 2 and "model.params.hidden: not a parameter" in result.output
 
 
 def test_resume_from_the_command_line(make_config, tmp_path):

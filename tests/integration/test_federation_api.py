@@ -15,7 +15,7 @@ from raymtl.callbacks import Callback
 from raymtl.config import ConfigError
 from raymtl.runtime import resume_experiment, run_experiment
 from raymtl.runtime.federation import Federation
-from tests.conftest import digits_experiment
+from tests.conftest import digits_experiment, write_experiment
 
 
 def test_a_federation_runs_round_by_round_and_fetches_kept_state(make_config):
@@ -43,6 +43,19 @@ def test_a_federation_runs_round_by_round_and_fetches_kept_state(make_config):
     # Closed at its end: the seed is finished and its run has a summary.
     assert (fed.run_dir / "checkpoints" / "seed0" / "DONE").is_file()
     assert (fed.run_dir / "summary.json").is_file()
+
+
+def test_a_federation_takes_a_file_with_overrides_as_raymtl_run_does(tmp_path):
+    path = write_experiment(tmp_path, rounds=5)
+    with Federation(path, overrides=["rounds=1", "algorithm.params.lr=0.05"]) as fed:
+        assert fed.cfg.rounds == 1 and fed.cfg.algorithm.params["lr"] == 0.05
+        assert fed.run_round().round == 1
+    assert fed.done
+    with pytest.raises(ConfigError, match=r"^rounds: Input should be greater than or equal to 1$"):
+        Federation(path, overrides=["rounds=0"])
+    cfg = fed.cfg  # an ExperimentConfig with overrides is validated again
+    with Federation(cfg, overrides=["rounds=2"]) as longer:
+        assert longer.cfg.rounds == 2 and cfg.rounds == 1
 
 
 def test_a_federation_closed_early_stays_open_to_go_on_from(tmp_path):

@@ -56,6 +56,31 @@ def test_one_line_errors_name_the_field(tmp_path, overrides, field):
     assert field in rejected(tmp_path, **overrides)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"data.num_client": 3}, "data.num_client: unknown key (did you mean num_clients?)"),
+        ({"rounds": 2, "round": 3}, "round: unknown key (did you mean rounds?)"),
+        (
+            {"data.partition.classes_per_clent": 2},
+            "data.partition.classes_per_clent: unknown key (did you mean classes_per_client?)",
+        ),
+        (
+            {"runtime.clients_per_actr": 2},
+            "runtime.clients_per_actr: unknown key (did you mean clients_per_actor?)",
+        ),
+        (
+            {"algorithm.params": {"momentun": 0.9}},
+            "algorithm.params.momentun: unknown key (did you mean momentum?)",
+        ),
+        ({"metrics.goal": 0.8}, "metrics.goal: unknown key"),  # no key is near it
+        ({"data.colour": "red"}, "data.colour: unknown key"),
+    ],
+)
+def test_an_unknown_key_names_the_allowed_key_it_is_a_near_miss_of(tmp_path, overrides, message):
+    assert rejected(tmp_path, **overrides) == message
+
+
 def test_metrics_target_defaults_to_none_and_a_loss_target_may_exceed_one(make_config):
     assert make_config().metrics.target is None
     assert make_config().metrics.metric == "mean_accuracy"
@@ -77,7 +102,7 @@ def test_a_disconnected_graph_is_rejected(tmp_path):
             "topology.params": {"edges": [[0, 1], [2, 3], [4, 5]]},
         },
     )
-    assert message.startswith("topology.edges: the graph is not connected")
+    assert message.startswith("topology.params.edges: the graph is not connected")
 
 
 def test_bad_graph_parameters_are_rejected(tmp_path):
@@ -85,7 +110,7 @@ def test_bad_graph_parameters_are_rejected(tmp_path):
         tmp_path,
         **{"algorithm.name": "dpsgd", "topology.kind": "erdos_renyi", "topology.params": {"p": 2}},
     )
-    assert message.startswith("topology.p")
+    assert message.startswith("topology.params.p")
 
 
 def test_sizes_and_actors_that_are_settings(make_config):

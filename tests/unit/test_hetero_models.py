@@ -83,7 +83,7 @@ def test_registered_without_parameters() -> None:
         assert MODELS[name].description
     model = build_model("small_cnn", (1, 28, 28), NUM_CLASSES)
     assert model.feature_dim == 16 * 14 * 14
-    with pytest.raises(ValueError, match=r"^model.hidden: not a parameter of small_cnn"):
+    with pytest.raises(ValueError, match=r"^model.params.hidden: not a parameter of small_cnn"):
         build_model("small_cnn", (1, 28, 28), NUM_CLASSES, hidden=8)
 
 

@@ -96,9 +96,9 @@ def test_resnet_stem_and_feature_dims() -> None:
     ("args", "params", "message"),
     [
         (("foo", (1, 8, 8), 10), {}, "model.name: 'foo' is not one of"),
-        (("resnet18", (3, 32, 32), 10), {"split": "BL-3"}, "model.split:"),
-        (("mlp", (1, 8, 8), 10), {"hidden": 0}, "model.hidden:"),
-        (("cnn_mnist", (1, 8, 8), 10), {"hidden": 8}, "model.hidden: not a parameter"),
+        (("resnet18", (3, 32, 32), 10), {"split": "BL-3"}, "model.params.split:"),
+        (("mlp", (1, 8, 8), 10), {"hidden": 0}, "model.params.hidden:"),
+        (("cnn_mnist", (1, 8, 8), 10), {"hidden": 8}, "model.params.hidden: not a parameter"),
         (("cnn_cifar", (3, 4, 4), 10), {}, "input_shape:"),
         (("logreg", (8, 8), 10), {}, "input_shape:"),
         (("logreg", (1, 8, 8), 0), {}, "num_classes:"),

@@ -324,7 +324,7 @@ def test_a_plugin_that_breaks_a_contract_is_one_line(tmp_path, case):
             {"algorithm.params": {"beta": 5}},
             "algorithm.params.beta: Input should be less than or equal to 1",
         ),
-        ({"model.params": {"depth": 3}}, "model.depth: not a parameter of tiny_net_b"),
+        ({"model.params": {"depth": 3}}, "model.params.depth: not a parameter of tiny_net_b"),
         (
             {"data.params": {"noise": 1}},
             "data.params.noise: not a parameter of source 'blobs_b' (num_samples)",
