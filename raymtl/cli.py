@@ -59,17 +59,24 @@ def fail(message: str, code: int = BAD_INPUT) -> None:
 
 
 class RoundProgress(Callback):
-    """A rich progress bar per experiment and seed; shows the last evaluated accuracy."""
+    """A rich progress bar per experiment and seed; shows the last evaluated accuracy. It
+    knows where the run is and how far it got, for the line a Ctrl-C prints."""
 
     def __init__(self, progress: Progress):
         self.progress = progress
         self.label = ""
         self.tasks: dict[tuple[str, int], int] = {}
+        self.run_dir: str | None = None
+        self.last_round: tuple[int, int] | None = None  # (seed, round) last completed
 
     def on_run_start(self, config, run_dir: Path) -> None:
+        from raymtl.runtime.run_dirs import resumable_location
+
         self.label = config.name
+        self.run_dir = resumable_location(config.output.dir, Path(run_dir))
 
     def on_round_end(self, event: RoundEvent) -> None:
+        self.last_round = (event.seed, event.round)
         key = (self.label, event.seed)
         if key not in self.tasks:
             self.tasks[key] = self.progress.add_task(
@@ -119,22 +126,49 @@ def run(
             if file is not None and "=" not in file:
                 fail(f"run: give an experiment file or --resume RUN_DIR, not both ('{file}')")
             overrides = [file, *(overrides or [])] if file else overrides  # all overrides
-            with progress_bar() as progress:
-                results = raymtl.resume(
-                    resume, overrides or [], callbacks=[RoundProgress(progress), *callbacks]
-                )
+            with progress_bar() as progress, interrupted_run(RoundProgress(progress)) as shown:
+                results = raymtl.resume(resume, overrides or [], callbacks=[shown, *callbacks])
         else:
             if file is None:
                 fail("run: give an experiment file (or --resume RUN_DIR)")
-            with progress_bar() as progress:
-                results = raymtl.run(
-                    file, overrides or [], callbacks=[RoundProgress(progress), *callbacks]
-                )
+            with progress_bar() as progress, interrupted_run(RoundProgress(progress)) as shown:
+                results = raymtl.run(file, overrides or [], callbacks=[shown, *callbacks])
         print_results(results)
         # A resumed run's startup table begins with its first command's start: said then.
         hint = None if resume else start_up_hint(results.config, results.tables.get("startup"))
         if hint:
             console.print(hint, style="dim", highlight=False, soft_wrap=True)
+
+
+class interrupted_run:
+    """Ctrl-C during a run: one line saying how far it got and the command that goes on
+    from its last complete checkpoint, and exit code 130 (typer would exit silently)."""
+
+    def __init__(self, progress: RoundProgress):
+        self.progress = progress
+
+    def __enter__(self) -> RoundProgress:
+        return self.progress
+
+    def __exit__(self, kind, error, tb):
+        if not isinstance(error, KeyboardInterrupt):
+            return False
+        self.progress.progress.stop()  # the bar's last state stays; the line goes below it
+        run_dir, last_round = self.progress.run_dir, self.progress.last_round
+        if run_dir is None:
+            errors.print("interrupted before the run directory was made: nothing to resume")
+            raise typer.Exit(INTERRUPTED)
+        if last_round is None:
+            done = "no round done"
+        else:
+            done = f"seed {last_round[0]} round {last_round[1]} done"
+        errors.print(
+            f"interrupted ({done}): `raymtl run --resume {run_dir}` goes on from its last "
+            "complete checkpoint",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(INTERRUPTED)
 
 
 def print_results(results) -> None:

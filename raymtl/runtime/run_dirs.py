@@ -43,6 +43,17 @@ def staging_dir(store: Location) -> Path:
     return Path(DEFAULT_CACHE_ROOT).expanduser() / "staging" / f"{store.name}-{digest}"
 
 
+def resumable_location(output_dir: str, local: Path) -> str:
+    """What `raymtl run --resume` takes for the run written to the local folder `local`
+    under `output_dir`: the folder itself, or the run's URI when it lives at one (its
+    staging folder is named after it)."""
+    if is_uri(output_dir):
+        uri = Location.of(output_dir).child(local.name.rsplit("-", 1)[0]).uri
+        if staging_dir(Location.of(uri)) == local:
+            return uri
+    return str(local)
+
+
 def run_location(where: str | Path) -> tuple[Path, Location]:
     """(the local folder the driver writes, where the run lives): the same folder for a
     path, a staging folder and the URI for a URI."""

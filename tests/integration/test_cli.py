@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pandas as pd
 from typer.testing import CliRunner
@@ -36,6 +38,34 @@ def test_fedavg_on_clients_with_different_tasks_is_refused_in_one_line(tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert "algorithm.name: fedavg averages whole models" in line and "colnet" in line
+
+
+def test_ctrl_c_names_the_command_that_goes_on_and_that_command_finishes_the_run(tmp_path):
+    path = write(tmp_path, rounds=40, checkpoint_every=1)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "raymtl", "run", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C at its default, as at a terminal (a shell's `&` would have it ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("test-*/checkpoints/seed0/round00002/COMPLETE")):
+        assert run.poll() is None and time.monotonic() < deadline, "no round 2 checkpoint"
+        time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and "Traceback" not in err
+    (run_dir,) = tmp_path.glob("test-*")
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("interrupted (seed 0 round ")
+    assert line.endswith(
+        f"`raymtl run --resume {run_dir}` goes on from its last complete checkpoint"
+    )
+    result = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert pd.read_parquet(run_dir / "rounds.parquet")["round"].tolist() == list(range(1, 41))
 
 
 def test_unknown_key_and_override_errors(tmp_path):

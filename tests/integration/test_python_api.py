@@ -93,6 +93,11 @@ def test_a_run_kept_at_a_uri_has_a_local_folder_and_its_uri(tmp_path, monkeypatc
     pd.testing.assert_frame_equal(fetched.rounds, results.rounds)
     remote = tmp_path / "remote" / results.uri.rsplit("/", 1)[1]
     assert (remote / "summary.json").is_file()
+    # What a Ctrl-C tells the user to resume (raymtl.cli): the URI, not the staging folder
+    from raymtl.runtime.run_dirs import resumable_location
+
+    assert resumable_location(uri, results.run_dir) == results.uri
+    assert resumable_location(str(tmp_path), tmp_path / "test-x") == str(tmp_path / "test-x")
 
 
 def test_run_takes_a_path_and_a_config_alike(tmp_path):
