@@ -142,10 +142,12 @@ def run(
 
 class interrupted_run:
     """Ctrl-C during a run: one line saying how far it got and the command that goes on
-    from its last complete checkpoint, and exit code 130 (typer would exit silently)."""
+    from its last complete checkpoint, and exit code 130 (typer would exit silently).
+    `resume_command(run_dir)`: that command, for the run (or comparison) in progress."""
 
-    def __init__(self, progress: RoundProgress):
+    def __init__(self, progress: RoundProgress, resume_command=None):
         self.progress = progress
+        self.resume_command = resume_command or (lambda run_dir: f"raymtl run --resume {run_dir}")
 
     def __enter__(self) -> RoundProgress:
         return self.progress
@@ -159,11 +161,11 @@ class interrupted_run:
             errors.print("interrupted before the run directory was made: nothing to resume")
             raise typer.Exit(INTERRUPTED)
         if last_round is None:
-            done = "no round done"
+            done = f"{self.progress.label}: no round done"
         else:
-            done = f"seed {last_round[0]} round {last_round[1]} done"
+            done = f"{self.progress.label} seed {last_round[0]} round {last_round[1]} done"
         errors.print(
-            f"interrupted ({done}): `raymtl run --resume {run_dir}` goes on from its last "
+            f"interrupted ({done}): `{self.resume_command(run_dir)}` goes on from the last "
             "complete checkpoint",
             highlight=False,
             soft_wrap=True,
@@ -207,7 +209,9 @@ def start_up_hint(config: dict, startup) -> str | None:
 
 @app.command()
 def compare(
-    items: Annotated[list[str], typer.Argument(help="experiment files and a.b=v overrides")],
+    items: Annotated[
+        list[str] | None, typer.Argument(help="experiment files and a.b=v overrides")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="comparison directory")] = None,
     parallel: Annotated[
         str,
@@ -219,19 +223,35 @@ def compare(
     max_failures: Annotated[
         int, typer.Option(help="with --parallel: retries of a failed trial, from its checkpoint")
     ] = 2,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="go on with this interrupted comparison folder (no experiments)"),
+    ] = None,
 ) -> None:
     """Run several experiments (or `algorithm.name=a,b`) on the same data and seeds."""
     with user_errors():
+        items = items or []
+        if not items and resume is None:
+            fail("compare: give experiment files (or --resume COMPARISON_DIR)")
         files = [item for item in items if "=" not in item]
         overrides = [item for item in items if "=" in item]
-        with progress_bar() as progress:
+        again = "" if parallel == "1" else f" --parallel {parallel}"
+
+        def resume_command(run_dir: str) -> str:
+            return f"raymtl compare --resume {Path(run_dir).parent}{again}"
+
+        with (
+            progress_bar() as progress,
+            interrupted_run(RoundProgress(progress), resume_command) as shown,
+        ):
             comparison = raymtl.compare(
                 files,
                 overrides,
                 out=out,
-                callbacks=[RoundProgress(progress)],
+                callbacks=[shown],
                 parallel=parallel,
                 max_failures=max_failures,
+                resume=resume,
             )
         print_comparison(comparison, console)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from rich.console import Console
 
 from raymtl.callbacks import Callback
@@ -24,6 +25,7 @@ from raymtl.metrics import plot_comparison, results_table
 from raymtl.metrics.delta import delta_table, local_reference, record_deltas
 from raymtl.metrics.tasks import task_table
 from raymtl.python_api import Experiment, Results, raw_experiment, run
+from raymtl.python_api import resume as resume_run
 from raymtl.runtime_paths import make_directory
 
 NAN = math.nan
@@ -40,12 +42,13 @@ class Comparison:
 
 
 def compare(
-    experiments: Iterable[Experiment],
+    experiments: Iterable[Experiment] = (),
     overrides: Iterable[str] = (),
     out: str | Path | None = None,
     callbacks: Iterable[Callback] = (),
     parallel: int | str = 1,
     max_failures: int | None = None,
+    resume: str | Path | None = None,
 ) -> Comparison:
     """Run every experiment (configs, mappings or YAML paths; `a.b=x,y` in `overrides` fans
     each out) into `out` (default <output.dir>/compare-<time>) and tabulate them.
@@ -54,21 +57,31 @@ def compare(
     resources hold) runs every (experiment, seed) as a Ray Tune trial in a placement group
     of its own, N at a time, into the same files (runtime/trials.py); a failed trial is
     retried `max_failures` times from its checkpoint. Callbacks then run here as the trials
-    report their rounds; returning True from on_round_end cannot stop a trial."""
+    report their rounds; returning True from on_round_end cannot stop a trial.
+
+    `resume`: the folder of an interrupted comparison (no experiments then): its finished
+    experiments are kept, the others go on from their last complete checkpoint (or start),
+    and the table is made as if nothing had stopped."""
     from raymtl.runtime.trials import DEFAULT_MAX_FAILURES, parse_parallel
 
-    configs = expand_experiments(list(experiments), list(overrides))
+    if resume is not None:
+        configs, out = resumed_comparison(resume, list(experiments), list(overrides), out)
+    else:
+        configs = expand_experiments(list(experiments), list(overrides))
+        out = comparison_dir(configs, out)
+        (out / PLAN_FILE).write_text(yaml.safe_dump(plan_of(configs), sort_keys=False))
     parallel = parse_parallel(parallel)
-    out = comparison_dir(configs, out)
     callbacks = tuple(callbacks)
-    if parallel == 1:
+    if resume is not None and all(finished(out / cfg.name, cfg.seeds) for cfg in configs):
+        from raymtl.python_api import results_of
+
+        runs = {cfg.name: results_of(out / cfg.name) for cfg in configs}  # stopped at the table
+    elif parallel == 1:
         from raymtl.runtime.actor_pool import reusing_actors
 
         # One set of actors for every experiment and seed whose layout matches.
         with reusing_actors(any(cfg.runtime.reuse_actors for cfg in configs)):
-            runs = {
-                cfg.name: run(cfg, callbacks=callbacks, run_dir=out / cfg.name) for cfg in configs
-            }
+            runs = {cfg.name: run_or_go_on(cfg, out / cfg.name, callbacks) for cfg in configs}
     else:
         from raymtl.python_api import results_of
         from raymtl.runtime.trials import run_seed_trials
@@ -161,6 +174,48 @@ def check_same_setting(configs: list[ExperimentConfig]) -> None:
     names = [cfg.name for cfg in configs]
     if len(set(names)) != len(names):
         raise ConfigError(f"name: experiments to compare need distinct names, got {names}")
+
+
+# The comparison's experiments as it started them (compare --resume reads them back).
+PLAN_FILE = "comparison.yaml"
+
+
+def plan_of(configs: list[ExperimentConfig]) -> dict:
+    return {"experiments": [cfg.model_dump(mode="json") for cfg in configs]}
+
+
+def resumed_comparison(
+    folder: str | Path, experiments: list, overrides: list, out: str | Path | None
+) -> tuple[list[ExperimentConfig], Path]:
+    """The experiments of the interrupted comparison in `folder`, and the folder."""
+    if experiments or overrides or out is not None:
+        raise ConfigError(
+            "--resume: give only the comparison folder (its experiments are in its "
+            f"{PLAN_FILE}), no experiments, overrides or --out"
+        )
+    folder = Path(folder)
+    plan = folder / PLAN_FILE
+    if not plan.is_file():
+        raise ConfigError(f"--resume: '{folder}' has no {PLAN_FILE} (not a comparison folder)")
+    try:
+        raws = yaml.safe_load(plan.read_text())["experiments"]
+    except (ValueError, TypeError, KeyError, yaml.YAMLError):
+        raise ConfigError(f"--resume: {plan} is not a plan raymtl wrote") from None
+    return [parse_config(raw) for raw in raws], folder
+
+
+def finished(run_dir: Path, seeds: list[int]) -> bool:
+    """Every seed of the run in `run_dir` is done and its summary written."""
+    done = [run_dir / "checkpoints" / f"seed{seed}" / "DONE" for seed in seeds]
+    return (run_dir / "summary.json").is_file() and all(path.is_file() for path in done)
+
+
+def run_or_go_on(cfg: ExperimentConfig, run_dir: Path, callbacks) -> Results:
+    """Run `cfg` into `run_dir`, or go on with the run already there (a comparison
+    resumed): a finished one is only read back, an interrupted one resumes."""
+    if (run_dir / "config.yaml").is_file():
+        return resume_run(run_dir, callbacks=callbacks)
+    return run(cfg, callbacks=callbacks, run_dir=run_dir)
 
 
 def comparison_dir(configs: list[ExperimentConfig], out: str | Path | None) -> Path:

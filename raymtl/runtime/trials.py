@@ -317,7 +317,10 @@ def run_seed_trials(
         ).is_file()
     ]
     if unfinished:  # Tune was stopped (Ctrl-C): nothing is merged, the staging runs stay
-        raise RunStopped(f"compare --parallel: not finished: {', '.join(unfinished)}")
+        raise RunStopped(
+            f"compare --parallel: not finished: {', '.join(unfinished)}; "
+            f"`raymtl compare --resume {out} --parallel {parallel}` goes on from their checkpoints"
+        )
     for cfg in configs:
         seed_dirs = [stages / f"{cfg.name}-seed{seed}" for seed in cfg.seeds]
         merge_seed_runs(seed_dirs, run_dirs[cfg.name], cfg.seeds)

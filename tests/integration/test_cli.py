@@ -59,9 +59,9 @@ def test_ctrl_c_names_the_command_that_goes_on_and_that_command_finishes_the_run
     assert run.returncode == 130 and "Traceback" not in err
     (run_dir,) = tmp_path.glob("test-*")
     line = err.strip().splitlines()[-1]
-    assert line.startswith("interrupted (seed 0 round ")
+    assert line.startswith("interrupted (test seed 0 round ")
     assert line.endswith(
-        f"`raymtl run --resume {run_dir}` goes on from its last complete checkpoint"
+        f"`raymtl run --resume {run_dir}` goes on from the last complete checkpoint"
     )
     result = CliRunner().invoke(app, ["run", "--resume", str(run_dir)])
     assert result.exit_code == 0, result.output
