@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import raymtl
 from raymtl.callbacks import Callback, RoundEvent
-from raymtl.comparison import print_comparison
+from raymtl.comparison import print_comparison, report_comparison
 from raymtl.config import ConfigError, load_raw, parse_config
 from raymtl.metrics import report as report_run
 from raymtl.metrics.report import print_summary
@@ -310,12 +310,17 @@ def tune(
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="a run directory")]) -> None:
-    """Re-draw the plots and the table of a run from its Parquet files."""
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory, or a comparison's")],
+) -> None:
+    """Re-draw the plots and the table of a run (or of a comparison) from its Parquet files."""
     with user_errors():
-        if not (run_dir / "rounds.parquet").is_file():
-            fail(f"run_dir: '{run_dir}' has no rounds.parquet (not a finished run)")
-        report_run(run_dir, console=console)
+        if (run_dir / "rounds.parquet").is_file():
+            report_run(run_dir, console=console)
+        elif run_dir.is_dir():
+            print_comparison(report_comparison(run_dir), console)
+        else:
+            fail(f"run_dir: '{run_dir}' is not a folder")
 
 
 @app.command()

@@ -89,6 +89,12 @@ def compare(
         failures = DEFAULT_MAX_FAILURES if max_failures is None else max_failures
         run_dirs = run_seed_trials(configs, out, parallel, callbacks, failures)
         runs = {name: results_of(run_dir) for name, run_dir in run_dirs.items()}
+    return tabulate(configs, runs, out)
+
+
+def tabulate(configs: list[ExperimentConfig], runs: dict[str, Results], out: Path) -> Comparison:
+    """The comparison's files from its finished runs: summary.json, table.csv (and
+    table_tasks.csv), Δ% against Local where an arm is Local, the side-by-side figures."""
     summaries = [{**results.summary, "algorithm": name} for name, results in runs.items()]
     reference = local_reference(configs)
     if reference is not None:  # Δ%: each arm's mean relative gain over Local across clients
@@ -108,6 +114,37 @@ def compare(
     if any(cfg.output.plots for cfg in configs):
         plot_comparison({name: results.run_dir for name, results in runs.items()}, out / "plots")
     return Comparison(out_dir=out, table=table, runs=runs, summaries=summaries)
+
+
+def report_comparison(out: str | Path) -> Comparison:
+    """Summarize every run of the comparison in `out` again from its Parquet files (and
+    re-draw its plots), then the comparison's table and figures (`raymtl report`)."""
+    from raymtl.metrics import plot_run, summarize
+    from raymtl.python_api import read_results
+    from raymtl.runtime.run_dirs import load_run_config
+
+    out = Path(out)
+    configs = [load_run_config(out / name) for name in comparison_runs(out)]
+    for cfg in configs:
+        summarize(out / cfg.name, cfg.algorithm.name, cfg.model_dump(mode="json"))
+        if cfg.output.plots:
+            plot_run(out / cfg.name)
+    return tabulate(configs, {cfg.name: read_results(out / cfg.name) for cfg in configs}, out)
+
+
+def comparison_runs(out: Path) -> list[str]:
+    """The experiments of the comparison folder `out`, in the order they ran: from its
+    comparison.yaml, or (a comparison made before it was written) its summary.json."""
+    if (out / PLAN_FILE).is_file():
+        return [cfg.name for cfg in read_plan(out)]
+    try:
+        names = [summary["algorithm"] for summary in json.loads((out / "summary.json").read_text())]
+    except (OSError, ValueError, TypeError, KeyError):
+        raise ConfigError(
+            f"run_dir: '{out}' has no rounds.parquet (not a finished run) nor a comparison's "
+            f"{PLAN_FILE} or summary.json"
+        ) from None
+    return names
 
 
 def expand_experiments(
@@ -194,14 +231,21 @@ def resumed_comparison(
             f"{PLAN_FILE}), no experiments, overrides or --out"
         )
     folder = Path(folder)
-    plan = folder / PLAN_FILE
-    if not plan.is_file():
+    if not (folder / PLAN_FILE).is_file():
         raise ConfigError(f"--resume: '{folder}' has no {PLAN_FILE} (not a comparison folder)")
+    return read_plan(folder), folder
+
+
+def read_plan(folder: Path) -> list[ExperimentConfig]:
+    """The experiments of `folder`'s comparison.yaml, as the comparison started them."""
+    plan = folder / PLAN_FILE
     try:
         raws = yaml.safe_load(plan.read_text())["experiments"]
     except (ValueError, TypeError, KeyError, yaml.YAMLError):
-        raise ConfigError(f"--resume: {plan} is not a plan raymtl wrote") from None
-    return [parse_config(raw) for raw in raws], folder
+        raws = None
+    if not isinstance(raws, list) or not all(isinstance(raw, dict) for raw in raws):
+        raise ConfigError(f"{plan}: not a comparison plan raymtl wrote")
+    return [parse_config(raw) for raw in raws]
 
 
 def finished(run_dir: Path, seeds: list[int]) -> bool:

@@ -1,6 +1,7 @@
 """An interrupted comparison goes on (`raymtl.compare(resume=...)`, `raymtl compare --resume`):
 finished experiments are kept, the interrupted one resumes from its last complete
-checkpoint, the rest start, and the table is the uninterrupted comparison's (inline)."""
+checkpoint, the rest start, and the table is the uninterrupted comparison's; `raymtl report`
+re-draws a comparison as it does a run (inline)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,17 @@ def test_an_interrupted_comparison_goes_on_to_the_uninterrupted_table(tmp_path):
         learned(pd.read_csv(tmp_path / "whole" / "table.csv")),
     )
 
+    # `raymtl report` re-draws a comparison from its runs' Parquet files: the same table.csv,
+    # also for a comparison made before comparison.yaml was written (its summary.json order)
+    written = (cut / "table.csv").read_text()
+    (cut / "table.csv").unlink()
+    (cut / "comparison.yaml").unlink()
+    result = CliRunner().invoke(app, ["report", str(cut)])
+    assert result.exit_code == 0, result.output
+    assert (cut / "table.csv").read_text() == written
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "whole" / "test-local")])
+    assert result.exit_code == 0 and "Results:" in result.output  # a run, as before
+
 
 def test_what_a_comparison_resume_refuses_is_one_line(tmp_path):
     raw = digits_experiment(tmp_path, rounds=1)
@@ -75,7 +87,9 @@ def test_what_a_comparison_resume_refuses_is_one_line(tmp_path):
         raymtl.compare([raw], resume=tmp_path)
     result = CliRunner().invoke(app, ["compare"])
     assert result.exit_code == 2 and "give experiment files (or --resume" in result.output
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])  # neither a run nor a comparison
+    assert result.exit_code == 2 and "nor a comparison's comparison.yaml" in result.output
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "comparison.yaml").write_text("- not a plan\n")
     result = CliRunner().invoke(app, ["compare", "--resume", str(tmp_path / "bad")])
-    assert result.exit_code == 2 and "is not a plan raymtl wrote" in result.output
+    assert result.exit_code == 2 and "not a comparison plan raymtl wrote" in result.output
