@@ -64,13 +64,13 @@ def compare(
     and the table is made as if nothing had stopped."""
     from raymtl.runtime.trials import DEFAULT_MAX_FAILURES, parse_parallel
 
+    parallel = parse_parallel(parallel)
     if resume is not None:
         configs, out = resumed_comparison(resume, list(experiments), list(overrides), out)
     else:
         configs = expand_experiments(list(experiments), list(overrides))
         out = comparison_dir(configs, out)
         (out / PLAN_FILE).write_text(yaml.safe_dump(plan_of(configs), sort_keys=False))
-    parallel = parse_parallel(parallel)
     callbacks = tuple(callbacks)
     if resume is not None and all(finished(out / cfg.name, cfg.seeds) for cfg in configs):
         from raymtl.python_api import results_of
@@ -256,7 +256,8 @@ def finished(run_dir: Path, seeds: list[int]) -> bool:
 
 def run_or_go_on(cfg: ExperimentConfig, run_dir: Path, callbacks) -> Results:
     """Run `cfg` into `run_dir`, or go on with the run already there (a comparison
-    resumed): a finished one is only read back, an interrupted one resumes."""
+    resumed): an interrupted one from its last complete checkpoint; a finished one runs
+    nothing and is only summarized again."""
     if (run_dir / "config.yaml").is_file():
         return resume_run(run_dir, callbacks=callbacks)
     return run(cfg, callbacks=callbacks, run_dir=run_dir)

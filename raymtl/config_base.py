@@ -57,11 +57,9 @@ def section_keys(model: type[BaseModel], path: Iterable[object]) -> list[str]:
         if field is None:
             return []
         sections = [kind for kind in _kinds(field.annotation) if _is_section(kind)]
-        if len(sections) != 1 or typing.get_origin(field.annotation) not in (
-            None,
-            typing.Union,
-            types.UnionType,
-        ):
+        # a section, or a section or None; not a list or mapping of sections
+        plain = typing.get_origin(field.annotation) in (None, typing.Union, types.UnionType)
+        if len(sections) != 1 or not plain:
             return []
         model = sections[0]
     return list(model.model_fields)
