@@ -126,13 +126,14 @@ def run(
             if file is not None and "=" not in file:
                 fail(f"run: give an experiment file or --resume RUN_DIR, not both ('{file}')")
             overrides = [file, *(overrides or [])] if file else overrides  # all overrides
-            with progress_bar() as progress, interrupted_run(RoundProgress(progress)) as shown:
-                results = raymtl.resume(resume, overrides or [], callbacks=[shown, *callbacks])
-        else:
-            if file is None:
-                fail("run: give an experiment file (or --resume RUN_DIR)")
-            with progress_bar() as progress, interrupted_run(RoundProgress(progress)) as shown:
-                results = raymtl.run(file, overrides or [], callbacks=[shown, *callbacks])
+        elif file is None:
+            fail("run: give an experiment file (or --resume RUN_DIR)")
+        with progress_bar() as progress, interrupted_run(RoundProgress(progress)) as shown:
+            callbacks = [shown, *callbacks]
+            if resume is not None:
+                results = raymtl.resume(resume, overrides or [], callbacks=callbacks)
+            else:
+                results = raymtl.run(file, overrides or [], callbacks=callbacks)
         print_results(results)
         # A resumed run's startup table begins with its first command's start: said then.
         hint = None if resume else start_up_hint(results.config, results.tables.get("startup"))

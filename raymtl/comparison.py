@@ -24,7 +24,7 @@ from raymtl.config import ConfigError, ExperimentConfig, apply_override, parse_c
 from raymtl.metrics import plot_comparison, results_table
 from raymtl.metrics.delta import delta_table, local_reference, record_deltas
 from raymtl.metrics.tasks import task_table
-from raymtl.python_api import Experiment, Results, raw_experiment, run
+from raymtl.python_api import Experiment, Results, raw_experiment, results_of, run
 from raymtl.python_api import resume as resume_run
 from raymtl.runtime_paths import make_directory
 
@@ -73,8 +73,6 @@ def compare(
         (out / PLAN_FILE).write_text(yaml.safe_dump(plan_of(configs), sort_keys=False))
     callbacks = tuple(callbacks)
     if resume is not None and all(finished(out / cfg.name, cfg.seeds) for cfg in configs):
-        from raymtl.python_api import results_of
-
         runs = {cfg.name: results_of(out / cfg.name) for cfg in configs}  # stopped at the table
     elif parallel == 1:
         from raymtl.runtime.actor_pool import reusing_actors
@@ -83,7 +81,6 @@ def compare(
         with reusing_actors(any(cfg.runtime.reuse_actors for cfg in configs)):
             runs = {cfg.name: run_or_go_on(cfg, out / cfg.name, callbacks) for cfg in configs}
     else:
-        from raymtl.python_api import results_of
         from raymtl.runtime.trials import run_seed_trials
 
         failures = DEFAULT_MAX_FAILURES if max_failures is None else max_failures
@@ -120,7 +117,6 @@ def report_comparison(out: str | Path) -> Comparison:
     """Summarize every run of the comparison in `out` again from its Parquet files (and
     re-draw its plots), then the comparison's table and figures (`raymtl report`)."""
     from raymtl.metrics import plot_run, summarize
-    from raymtl.python_api import read_results
     from raymtl.runtime.run_dirs import load_run_config
 
     out = Path(out)
@@ -129,7 +125,7 @@ def report_comparison(out: str | Path) -> Comparison:
         summarize(out / cfg.name, cfg.algorithm.name, cfg.model_dump(mode="json"))
         if cfg.output.plots:
             plot_run(out / cfg.name)
-    return tabulate(configs, {cfg.name: read_results(out / cfg.name) for cfg in configs}, out)
+    return tabulate(configs, {cfg.name: results_of(out / cfg.name) for cfg in configs}, out)
 
 
 def comparison_runs(out: Path) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
 
 import pytest
@@ -68,6 +69,14 @@ def fresh_actors(ray_session):
     SHARED_ACTORS.close()
     yield ray_session
     SHARED_ACTORS.open()
+
+
+def as_typed_at_a_terminal() -> None:
+    """`preexec_fn` of a command the tests start: Ctrl-C and Ctrl-\\ at their defaults, as in
+    a command typed at a terminal, even when the tests themselves run in the background (a
+    shell's `&` ignores both, and its children inherit that: a Ctrl-C test would hang)."""
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def actor_serving(ray, host: str):

@@ -12,6 +12,7 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from raymtl.cli import app
+from tests.conftest import as_typed_at_a_terminal
 from tests.conftest import write_experiment as write
 
 
@@ -47,8 +48,7 @@ def test_ctrl_c_names_the_command_that_goes_on_and_that_command_finishes_the_run
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        # Ctrl-C at its default, as at a terminal (a shell's `&` would have it ignored)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=as_typed_at_a_terminal,
     )
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("test-*/checkpoints/seed0/round00002/COMPLETE")):

@@ -16,11 +16,10 @@ from tests.conftest import digits_experiment, learned
 ARMS = ["algorithm.name=fedavg,local,ditto"]
 
 
-class CtrlCAt(raymtl.Callback):
-    """Interrupts the comparison, as Ctrl-C would, once `experiment`'s `seed` has done `round`."""
+class Started(raymtl.Callback):
+    """Records the experiments that started, in order."""
 
-    def __init__(self, experiment: str, seed: int, round_index: int):
-        self.experiment, self.seed, self.round = experiment, seed, round_index
+    def __init__(self):
         self.current = None
         self.started: list[str] = []
 
@@ -28,8 +27,16 @@ class CtrlCAt(raymtl.Callback):
         self.current = config.name
         self.started.append(config.name)
 
+
+class CtrlCAt(Started):
+    """Interrupts the comparison, as Ctrl-C would, once `experiment`'s `seed` has done `round`."""
+
+    def __init__(self, experiment: str, seed: int, round_index: int):
+        super().__init__()
+        self.at = (experiment, seed, round_index)
+
     def on_round_end(self, event) -> None:
-        if (self.current, event.seed, event.round) == (self.experiment, self.seed, self.round):
+        if (self.current, event.seed, event.round) == self.at:
             raise KeyboardInterrupt
 
 
@@ -46,7 +53,7 @@ def test_an_interrupted_comparison_goes_on_to_the_uninterrupted_table(tmp_path):
     assert not (cut / "test-local" / "summary.json").exists()
     assert not (cut / "table.csv").exists()
 
-    went_on = CtrlCAt("none", seed=0, round_index=0)  # records what ran, stops nothing
+    went_on = Started()
     resumed = raymtl.compare(resume=cut, callbacks=[went_on])
     assert went_on.started == ["test-fedavg", "test-local", "test-ditto"]
     pd.testing.assert_frame_equal(learned(resumed.table), learned(whole.table))

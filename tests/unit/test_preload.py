@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from raymtl.runtime import preload
+from tests.conftest import as_typed_at_a_terminal
 
 # The command side, as raymtl/command.py runs it: forwarded, or says it was not.
 COMMAND = (
@@ -91,14 +92,6 @@ def command(env, *args, cwd, **options):
         preexec_fn=as_typed_at_a_terminal,
         **options,
     )
-
-
-def as_typed_at_a_terminal() -> None:
-    """Ctrl-C and Ctrl-\\ at their defaults, as in a command typed at a terminal, even when
-    the tests themselves run in the background: a shell's `&` ignores both, and a command
-    whose Ctrl-C is ignored forwards none (wait_for_child), so the Ctrl-C test would hang."""
-    for signum in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(signum, signal.SIG_DFL)
 
 
 def test_a_command_runs_forked_in_its_directory_environment_and_streams(preloaded, tmp_path):
