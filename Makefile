@@ -30,3 +30,20 @@ bench: install
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache
+
+# benchmarks/gpu_check.py: with this venv where it has Ray; else (a lent GPU machine: its
+# python3 has torch but no Ray, and no network) the wheels of benchmarks/gpu_wheels.py,
+# carried in .whl/, go to /tmp/site first. The report goes to $(OUT) when it is set (the
+# device's output folder).
+GPU_CHECK_OUT ?= $(or $(OUT),runs/gpu-check)
+.PHONY: gpu-check
+gpu-check:
+	@if [ -x $(PY) ] && $(PY) -c "import ray" 2>/dev/null; then \
+		$(PY) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(ARGS); \
+	elif [ -d .whl ] && ! python3 -c "import ray" 2>/dev/null; then \
+		python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+			--target /tmp/site .whl/*.whl && \
+		PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(ARGS); \
+	else \
+		python3 benchmarks/gpu_check.py --out $(GPU_CHECK_OUT) $(ARGS); \
+	fi

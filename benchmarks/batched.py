@@ -3,11 +3,13 @@
 K = 10 clients of one architecture, 480 samples each (1x28x28, random, seeded), one epoch of
 SGD (lr 0.05, batch 32, momentum 0.9, weight decay 1e-4, clip 1.0): `training.local_sgd`
 per client, then `batched.local_sgd_batched` for all ten (torch.func vmap). Best of 3.
-`cnn_mnist` has dropout, which the batched path refuses (its draws could not match the
-serial path), so it is timed without it.
+`cnn_mnist` is timed with its dropout (the batched path draws each client's masks as the
+serial path does) and without it (`cnn_mnist-no-dropout`): the difference is the masks'
+cost. `resnet8` has batch normalisation.
 
     .venv/bin/python benchmarks/batched.py                 # 1 torch thread, CPU
     .venv/bin/python benchmarks/batched.py --threads 2
+    .venv/bin/python benchmarks/batched.py --models cnn_mnist cnn_mnist-no-dropout
     .venv/bin/python benchmarks/batched.py --device cuda   # where a GPU is lent
 """
 
@@ -27,6 +29,8 @@ from raymtl.algorithms.training import local_sgd
 from raymtl.models import build_model
 
 CLIENTS, SAMPLES, SHAPE = 10, 480, (1, 28, 28)
+MODELS = ("cnn_mnist", "cnn_mnist-no-dropout", "resnet8", "large_cnn", "mlp")
+NO_DROPOUT = "-no-dropout"
 PARAMS = LocalTrainingParams(
     epochs=1, lr=0.05, batch_size=32, momentum=0.9, weight_decay=1e-4, clip_grad=1.0
 )
@@ -36,8 +40,8 @@ def models_of(name: str, device: str) -> list[nn.Module]:
     models = []
     for k in range(CLIENTS):
         torch.manual_seed(k)
-        model = build_model(name, SHAPE, 10)
-        if name == "cnn_mnist":
+        model = build_model(name.removesuffix(NO_DROPOUT), SHAPE, 10)
+        if name.endswith(NO_DROPOUT):
             model.head.dropout = nn.Identity()
         models.append(model.to(device))
     return models
@@ -82,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
@@ -90,7 +95,7 @@ def main() -> None:
         torch.randint(0, 10, (SAMPLES,), generator=generator).to(args.device)
         for _ in range(CLIENTS)
     ]
-    for name in ("cnn_mnist", "large_cnn", "mlp"):
+    for name in args.models:
         r = compare(name, xs, ys, args.device)
         print(
             f"| {name} | {args.device}, {args.threads} thread(s) | {r['serial_s']:.3f} | "

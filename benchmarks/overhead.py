@@ -66,16 +66,19 @@ def experiment(args, out: Path) -> dict:
 
 
 def run_on_ray(cfg) -> dict:
-    """(a): the federation on Ray actors, round by round; its rounds' time from its rows."""
+    """(a): the federation on Ray actors, round by round; its rounds' time from its rows.
+    A Ray this process runs already (benchmarks/gpu_check.py's runs one after another) is
+    used as it is (Ray start 0)."""
     import ray
 
     began = time.perf_counter()
-    ray.init(
-        address="local",
-        num_cpus=cfg.runtime.num_cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-    )
+    if not ray.is_initialized():
+        ray.init(
+            address="local",
+            num_cpus=cfg.runtime.num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
     ray_start = time.perf_counter() - began
     began = time.perf_counter()
     with raymtl.Federation(cfg) as federation:  # the actors start (Ray is reused)
@@ -90,15 +93,19 @@ def run_on_ray(cfg) -> dict:
     }
 
 
-def run_plain(cfg) -> dict:
-    """(b): the same FedAvg client updates in one process, one after the other."""
+def run_plain(cfg, device: str = "cpu") -> dict:
+    """(b): the same FedAvg client updates in one process, one after the other, on `device`
+    (the model and every client's tensors there, as a host puts them)."""
     seed = cfg.seeds[0]
     began = time.perf_counter()
     pools, shards, _, _ = partition(cfg, seed)
     pool = pools[cfg.data.name]
     clients = [materialize(pool, shard, seed) for shard in shards]
+    for data in clients:
+        for name in ("train_x", "train_y", "test_x", "test_y"):
+            setattr(data, name, getattr(data, name).to(device))
     torch.manual_seed(derive_seed(seed, "model-init"))
-    model = build_model("cnn_mnist", tuple(pool.x.shape[1:]), pool.num_classes)
+    model = build_model("cnn_mnist", tuple(pool.x.shape[1:]), pool.num_classes).to(device)
     global_state = model_tensors(model)
     params: LocalTrainingParams = cfg.algorithm.typed_params()
     setup = time.perf_counter() - began

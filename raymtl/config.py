@@ -158,6 +158,11 @@ class RuntimeConfig(Section):
     precision: Literal["fp32", "bf16-mixed"] = Field(
         "fp32", description="bf16-mixed: clients train and evaluate under bfloat16 autocast"
     )
+    deterministic: bool = Field(
+        True,
+        description="on a GPU: CUDA's deterministic algorithms (cuDNN, cuBLAS workspace), so "
+        "the same seed gives the same numbers run after run; false: the fastest kernels",
+    )
     max_restarts: int = Field(0, ge=0)
     min_clients_fraction: float = Field(1.0, gt=0, le=1)
     placement_timeout_s: float = Field(

@@ -41,8 +41,9 @@ SHARED_ACTORS = SharedActors()
 
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
-    """One local Ray (2 CPUs) for every integration test of the session, with its actors
-    reused from test to test (SharedActors).
+    """One local Ray (2 CPUs, and one GPU that this machine need not have: a resource count
+    to Ray, for the GPU-share layouts) for every integration test of the session, with its
+    actors reused from test to test (SharedActors).
 
     Ray's temp files go to a fresh directory, so nothing from an earlier run (or
     from ~/.ray) is reused.
@@ -52,6 +53,7 @@ def ray_session(tmp_path_factory):
     if not ray.is_initialized():
         ray.init(
             num_cpus=2,
+            num_gpus=1,
             include_dashboard=False,
             log_to_driver=False,
             _temp_dir=str(tmp_path_factory.mktemp("ray")),

@@ -17,6 +17,9 @@ Local: every client trains on its own data only; nothing is transmitted.
 
 from __future__ import annotations
 
+import logging
+import weakref
+
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -26,7 +29,7 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.batched import can_batch, local_sgd_batched
+from raymtl.algorithms.batched import Refusal, batch_refusal, local_sgd_batched
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
@@ -36,6 +39,8 @@ from raymtl.algorithms.training import (
     model_tensors,
     weighted_average,
 )
+
+log = logging.getLogger(__name__)
 
 
 def train_local_model(state: State, ctx, params) -> float:
@@ -50,10 +55,14 @@ def train_local_model(state: State, ctx, params) -> float:
 
 def train_local_models(states: list[State], contexts, params) -> None:
     """`train_local_model` for several clients: together (torch.func vmap, batched.py) when
-    their architecture, sample count and optimiser allow it, else one after the other."""
+    their architecture, sample count and optimiser allow it, else one after the other, with
+    a warning that says why (once per federation and reason, not every round)."""
     datas = [state.data for state in states]
     models, tasks = [s.model for s in states], [d.task for d in datas]
-    if len(states) < 2 or not can_batch(models, datas, params, tasks):
+    refusal = batch_refusal(models, datas, params, tasks) if len(states) > 1 else None
+    if len(states) < 2 or refusal is not None:
+        if refusal is not None:
+            warn_refusal_once(contexts[0].federation, type(models[0]), refusal)
         for state, ctx in zip(states, contexts, strict=True):
             train_local_model(state, ctx, params)
         return
@@ -62,6 +71,28 @@ def train_local_models(states: list[State], contexts, params) -> None:
     losses = local_sgd_batched(models, xs, ys, params, seeds, tasks)
     for state, loss in zip(states, losses, strict=True):
         state.extras["train_loss"] = loss
+
+
+# The refusals already logged, per federation: a FederationInfo is one object per host and
+# seed, so the user reads each reason once a run (per host), not in every round's warnings.
+_LOGGED: dict[int, set[tuple[str, str]]] = {}
+
+
+def warn_refusal_once(federation, model_class: type, refusal: Refusal) -> None:
+    """Log why clients of `model_class` train one at a time, unless `federation` already
+    did for that reason."""
+    name = getattr(model_class, "name", model_class.__name__)  # a FedModel's registry name
+    if id(federation) not in _LOGGED:
+        _LOGGED[id(federation)] = set()
+        weakref.finalize(federation, _LOGGED.pop, id(federation), None)
+    if (name, refusal.reason) in _LOGGED[id(federation)]:
+        return
+    _LOGGED[id(federation)].add((name, refusal.reason))
+    log.warning(
+        "runtime.batch_clients > 1 but clients of model %s train one at a time: %s",
+        name,
+        refusal,
+    )
 
 
 def by_sender(inbox: list[Message]) -> list[Message]:

@@ -43,17 +43,35 @@ class HCAResult:
     c: float  # ca_c * ||g0||
 
 
-def _gram(deltas: torch.Tensor) -> np.ndarray:
-    """A = GᵀG (K×K) in float64, accumulated over fixed column chunks."""
+def gram_matrix(deltas: torch.Tensor) -> torch.Tensor:
+    """A = GᵀG (K×K) in float64 on the deltas' device, accumulated over fixed column chunks."""
     k, d = deltas.shape
     gram = torch.zeros(k, k, dtype=torch.float64, device=deltas.device)
     for start in range(0, d, _CHUNK):
         block = deltas[:, start : start + _CHUNK].to(torch.float64)
-        if not bool(torch.isfinite(block).all()):
-            raise ValueError("hca: non-finite delta")
         gram += block @ block.T
+    return gram
+
+
+def _gram(deltas: torch.Tensor) -> np.ndarray:
+    """`gram_matrix` on the CPU, symmetrised. A non-finite delta raises: its row's diagonal
+    entry Σ x² is then non-finite (a float32 entry squared cannot overflow float64)."""
+    gram = gram_matrix(deltas)
+    if not bool(torch.isfinite(gram).all()):
+        raise ValueError("hca: non-finite delta")
     gram = gram.cpu().numpy()
     return (gram + gram.T) / 2.0
+
+
+def combine(deltas: torch.Tensor, coef: np.ndarray) -> torch.Tensor:
+    """U = Gᵀ·coef, shape (d,), in the deltas' dtype and on their device (float64 products
+    over the same column chunks as `gram_matrix`)."""
+    coef_t = torch.from_numpy(coef).to(deltas.device)
+    update = torch.empty_like(deltas[0])
+    for start in range(0, deltas.shape[1], _CHUNK):
+        block = deltas[:, start : start + _CHUNK].detach().to(torch.float64)
+        update[start : start + _CHUNK] = (coef_t @ block).to(deltas.dtype)
+    return update
 
 
 def _solve(gram: np.ndarray, c: float) -> np.ndarray:
@@ -104,9 +122,5 @@ def conflict_averse_update(deltas: torch.Tensor, ca_c: float = 0.4) -> HCAResult
     gw_norm = np.sqrt(max(w @ norm_gram @ w, 0.0))  # ‖G_w‖ / s
     lam = ca_c * g0_norm / (gw_norm + _LAMBDA_EPS)
     coef = (np.full(k, 1.0 / k) + lam * w) / (1.0 + ca_c**2)
-    coef_t = torch.from_numpy(coef).to(deltas.device)
-    update = torch.empty_like(deltas[0])
-    for start in range(0, deltas.shape[1], _CHUNK):
-        block = deltas[:, start : start + _CHUNK].detach().to(torch.float64)
-        update[start : start + _CHUNK] = (coef_t @ block).to(deltas.dtype)
+    update = combine(deltas, coef)
     return HCAResult(update, w, float(ca_c * g0_norm * np.sqrt(scale2)))

@@ -139,7 +139,15 @@ def weighted_average(
     total = sum(weight for _, weight in finite)
     if not finite or total <= 0:
         return None
+    return weighted_sum(finite, total)
+
+
+def weighted_sum(
+    updates: list[tuple[dict[str, torch.Tensor], float]], total: float
+) -> dict[str, torch.Tensor]:
+    """Σ_k (w_k/total)·x_k for every name of the first update, summed in the order given
+    (the tensor part of `weighted_average`, where the updates are)."""
     return {
-        name: sum(tensors[name] * (weight / total) for tensors, weight in finite)
-        for name in finite[0][0]
+        name: sum(tensors[name] * (weight / total) for tensors, weight in updates)
+        for name in updates[0][0]
     }

@@ -126,22 +126,30 @@ class StackedViews:
     anchors: torch.Tensor  # (S, C, d), zero rows for the classes a client lacks
     mask: torch.Tensor  # (S, C) bool, M[i, c] = c ∈ Y_i
     classes: tuple[int, ...]  # the class of each of the C columns
+    # H_c of each column: the rows holding it, ascending. Known from the views' class sets,
+    # so a class's shapes never wait on the device (`nonzero` of the mask would).
+    holders: tuple[tuple[int, ...], ...]
 
 
 def stack_views(views: list[ClientView], dtype: torch.dtype = torch.float64) -> StackedViews:
-    """Stack the views' heads, anchor rows and class sets (heads must share their shape)."""
+    """Stack the views' heads, anchor rows and class sets (heads must share their shape), on
+    the heads' device."""
     classes = tuple(sorted(set().union(*(view.anchors for view in views))))
     column = {c: k for k, c in enumerate(classes)}
     weight = torch.stack([view.weight.to(dtype) for view in views])
     bias = torch.stack([view.bias.to(dtype) for view in views])
-    anchors = torch.zeros(len(views), len(classes), weight.shape[-1], dtype=dtype)
-    mask = torch.zeros(len(views), len(classes), dtype=torch.bool)
+    device = weight.device
+    anchors = torch.zeros(len(views), len(classes), weight.shape[-1], dtype=dtype, device=device)
+    mask = torch.zeros(len(views), len(classes), dtype=torch.bool, device=device)
     for row, view in enumerate(views):
         if view.anchors:
-            columns = torch.tensor([column[c] for c in view.anchors])
-            anchors[row, columns] = torch.stack(list(view.anchors.values())).to(dtype)
+            columns = torch.tensor([column[c] for c in view.anchors], device=device)
+            anchors[row, columns] = torch.stack(list(view.anchors.values())).to(device, dtype)
             mask[row, columns] = True
-    return StackedViews(weight, bias, anchors, mask, classes)
+    holders = tuple(
+        tuple(row for row, view in enumerate(views) if c in view.anchors) for c in classes
+    )
+    return StackedViews(weight, bias, anchors, mask, classes, holders)
 
 
 def shared_sums(
@@ -154,11 +162,11 @@ def shared_sums(
     """
     weight, bias, anchors, mask = stacked.weight, stacked.bias, stacked.anchors, stacked.mask
     clients, logits_per_client, dim = weight.shape
-    functional = torch.zeros(clients, clients, dtype=anchors.dtype)
-    anchor = torch.zeros(clients, clients, dtype=anchors.dtype)
+    functional = torch.zeros(clients, clients, dtype=anchors.dtype, device=anchors.device)
+    anchor = torch.zeros(clients, clients, dtype=anchors.dtype, device=anchors.device)
     counts = mask.to(anchors.dtype) @ mask.to(anchors.dtype).T
     for column in range(anchors.shape[1]):
-        holders = torch.nonzero(mask[:, column]).flatten()  # H_c
+        holders = torch.tensor(stacked.holders[column], dtype=torch.long, device=anchors.device)
         rows_c = anchors[holders, column]  # (n_c, d)
         unit_rows = F.normalize(rows_c, dim=-1, eps=COSINE_EPS)
         anchor[holders[:, None], holders] += unit_rows @ unit_rows.T  # Q_c
@@ -187,10 +195,18 @@ def similarity_graph(views: dict[int, ClientView], alpha: float) -> SimilarityGr
     Equal to `pairwise_similarity_graph` up to float rounding (its cosines are float32).
     """
     clients = tuple(sorted(views))
-    n = len(clients)
-    if n == 0:
+    if not clients:
         return SimilarityGraph(clients, np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 0)))
-    functional, anchor, counts = shared_sums(stack_views([views[i] for i in clients]))
+    s, fs, as_ = similarity_matrices([views[i] for i in clients], alpha)
+    return SimilarityGraph(clients, s.cpu().numpy(), fs.cpu().numpy(), as_.cpu().numpy())
+
+
+def similarity_matrices(
+    views: list[ClientView], alpha: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s, FS, AS) of `views` in their order, float64 tensors on the views' device (the tensor
+    part of `similarity_graph`; at least one view)."""
+    functional, anchor, counts = shared_sums(stack_views(views))
     # n_ij = 0: the sums are 0 too; divide by 1 there so FS = AS = s = 0.
     divisor = counts.clamp_min(1.0)
     fs_one_way = functional / divisor  # anchors of j
@@ -199,4 +215,4 @@ def similarity_graph(views: dict[int, ClientView], alpha: float) -> SimilarityGr
     s = (alpha * fs + (1 - alpha) * as_).clamp_min(0.0)
     for matrix in (s, fs, as_):
         matrix.fill_diagonal_(0.0)
-    return SimilarityGraph(clients, s.numpy(), fs.numpy(), as_.numpy())
+    return s, fs, as_

@@ -66,14 +66,18 @@ class FedModel(nn.Module):
     def add_representation(self, dim: int) -> None:
         """Add (or replace) the branch ``projection = Linear(feature_dim, dim)``.
 
-        It is created on the device and with the dtype of the model's parameters.
+        It is drawn on the CPU, from torch's CPU generator as the caller left it, and then
+        moved to the device and dtype of the model's parameters: a model on a GPU gets the
+        projection the same model on the CPU gets (a GPU's generator is no checkpointed or
+        seeded stream of raymtl's).
         """
         if not _is_positive_int(dim):
             raise ValueError(f"model.representation_dim: {dim!r} must be a positive integer")
         reference = next(self.parameters(), None)
-        device = reference.device if reference is not None else None
-        dtype = reference.dtype if reference is not None else None
-        self.projection = nn.Linear(self.feature_dim, dim, device=device, dtype=dtype)
+        projection = nn.Linear(self.feature_dim, dim)
+        if reference is not None:
+            projection = projection.to(device=reference.device, dtype=reference.dtype)
+        self.projection = projection
 
     def represent(self, x: torch.Tensor) -> torch.Tensor:
         """Unit-L2 representation ``normalize(projection(features(x)))``, shape (B, dim)."""

@@ -245,7 +245,10 @@ def read_blob(
     location: Location, device: str, node: str, checksums: dict[str, str] | None = None
 ) -> dict:
     """A participant's saved state, checked against the manifest's `checksums` first; a
-    missing file is an error, never a fresh start."""
+    missing file is an error, never a fresh start. Each tensor comes back where such state
+    lives (`onto_device`): the model's weights on the host's `device`; every other tensor
+    on the host's device when it was saved from an accelerator, on the CPU when it was
+    saved from the CPU (Sheaf-FMTL's maps, models kept as CPU copies)."""
     if not location.is_file():
         raise FileNotFoundError(
             f"output.dir: checkpoint file {location} is not visible on node {node} "
@@ -254,10 +257,17 @@ def read_blob(
     data = checked_bytes(location, checksums)
     if not zipfile.is_zipfile(io.BytesIO(data)):  # torch.save writes a zip archive
         raise DamagedCheckpoint(location.uri, "is not a checkpoint raymtl wrote")
+    saved_on_device: set[int] = set()
+
+    def restore(storage, saved_on: str):  # read onto the CPU; where it was, noted
+        if saved_on != "cpu":
+            saved_on_device.add(storage.data_ptr())
+        return storage
+
     try:
         blob = torch.load(
             io.BytesIO(data),
-            map_location=device,
+            map_location=restore,
             weights_only=True,  # tensors and plain data only: a file cannot run code
         )
     except pickle.UnpicklingError:  # our own line: never torch's advice to turn the guard off
@@ -268,7 +278,26 @@ def read_blob(
         raise DamagedCheckpoint(location.uri, "is not a checkpoint raymtl wrote") from None
     if not isinstance(blob, dict):
         raise DamagedCheckpoint(location.uri, "is not a checkpoint raymtl wrote")
-    return blob
+    return onto_device(blob, device, saved_on_device)
+
+
+def onto_device(blob: dict, device: str, saved_on_device: set[int]) -> dict:
+    """`blob` (read onto the CPU) with its model's weights moved to `device`, and every other
+    tensor whose storage `saved_on_device` names (by data pointer) too; the rest stay."""
+    if device == "cpu":
+        return blob
+
+    def place(value, always: bool):
+        if isinstance(value, torch.Tensor):
+            moved = always or value.untyped_storage().data_ptr() in saved_on_device
+            return value.to(device) if moved else value
+        if isinstance(value, dict):
+            return {key: place(item, always) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(place(item, always) for item in value)
+        return value
+
+    return {key: place(value, key == "model") for key, value in blob.items()}
 
 
 def write_host_checkpoint(

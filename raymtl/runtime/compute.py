@@ -1,12 +1,34 @@
-"""How a host's client steps compute: runtime.precision's autocast, and the warm-up that
-pays torch's one-time costs while the host starts rather than inside round 1."""
+"""How a host's client steps compute: runtime.precision's autocast, runtime.deterministic's
+CUDA settings, and the warm-up that pays torch's one-time costs while the host starts rather
+than inside round 1."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
 
 import torch
+
+# cuBLAS keeps its reductions in a fixed order only with a fixed workspace (CUDA's docs,
+# "Results reproducibility"); read when the process creates its first cuBLAS handle.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def deterministic(on: bool, device: str) -> None:
+    """runtime.deterministic on a host training on a GPU: torch's deterministic algorithms
+    (where an op has none, torch warns rather than fails), cuDNN's deterministic
+    convolutions without autotuning, and cuBLAS's fixed workspace. Off: cuDNN autotunes.
+    Nothing changes on the CPU, whose kernels give the same numbers run after run already.
+    Uninitialised memory is not filled (torch would fill every `empty` under the switch)."""
+    if not device.startswith("cuda"):
+        return
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(on, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.backends.cudnn.deterministic = on
+    torch.backends.cudnn.benchmark = not on
 
 
 def precision(setting: str, device: str):

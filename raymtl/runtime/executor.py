@@ -171,6 +171,20 @@ class Executor(ABC):
         alive, at most `timeout` seconds; the dead ones (inline: no nodes)."""
         return []
 
+    def torch_sees_gpu(self) -> bool | None:
+        """Whether torch sees a GPU where client hosts run (None: not known)."""
+        import torch
+
+        return torch.cuda.is_available()
+
+    def gpu_memory(self) -> int | None:
+        """Bytes of memory of the GPU a client host trains on (None: none, or not known)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.get_device_properties(0).total_memory
+
     def memory_available(self) -> int:
         """Memory the hosts may use: this machine's (inline), the cluster's (Ray)."""
         from raymtl.runtime.memory import available_memory

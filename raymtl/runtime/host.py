@@ -33,13 +33,13 @@ from raymtl.models.registry import num_params
 from raymtl.plugins import load_plugins
 from raymtl.runtime.checkpoints import checkpoint_dir, read_host_checkpoint, write_host_checkpoint
 from raymtl.runtime.clients import HostedClients, state_budget
-from raymtl.runtime.compute import precision, warm_up
+from raymtl.runtime.compute import deterministic, precision, warm_up
 from raymtl.runtime.host_data import HostData, HostModels, client_row
 from raymtl.runtime.results import PhaseResult
 from raymtl.runtime.router import Envelope
 from raymtl.runtime.step_warnings import AlgorithmWarnings
 from raymtl.runtime.storage import Location
-from raymtl.tasks.objectives import evaluate_stacked, evaluate_together
+from raymtl.tasks.objectives import evaluate_stacked, evaluate_together, stacked_rows
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class ParticipantHost:
 
     def __init__(self, spec: HostSpec):
         self.spec = spec
+        self.clients: HostedClients | None = None  # built by `build`
 
     def build(self) -> dict[str, float]:
         """Import the plugins, then build the algorithm, the data and the participants (and
@@ -92,6 +93,7 @@ class ParticipantHost:
         self.config = spec.config
         load_plugins(self.config.plugins, spec.plugin_paths)
         torch.set_num_threads(max(1, spec.torch_threads))
+        deterministic(self.config.runtime.deterministic, spec.device)
         algorithm_cls = get_algorithm(self.config.algorithm.name)
         self.models = HostModels(self.config, spec)
         self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self.models.build)
@@ -297,12 +299,26 @@ class ParticipantHost:
         return list(groups.values())
 
     def _evaluate_own(self, participants: list[str]) -> list[dict]:
-        """Clients with their own evaluation weights: taken per architecture (module class;
-        state names, shapes and dtypes; the test samples' shape) in chunks of `OWN_CHUNK`,
-        each chunk through tasks.objectives.evaluate_stacked."""
+        """Clients evaluated on their own (`_together`). One whose evaluation weights are
+        its architecture's initial ones (with the round's evaluation copy over them, if any:
+        FedAvg's global model) is evaluated with a model other clients may share, so it goes
+        through `_evaluate_group` alone, as it would with company: its numbers must not
+        depend on whether its host holds another client of that model. The others,
+        with their own evaluation weights, are taken per architecture (module class; state
+        names, shapes and dtypes; the test samples' shape; `stacked_rows`, so that a chunk
+        fills evaluate_stacked's chunks of one row count) in chunks of `OWN_CHUNK`, each
+        chunk through tasks.objectives.evaluate_stacked, whose numbers for a client do not
+        depend on the other clients of its chunk."""
         rows: dict[str, dict] = {}
         pending: dict[tuple, list] = {}
+        default_model = type(self.algorithm).eval_model is Algorithm.eval_model
         for participant in participants:
+            identity = self.clients.evaluated_with(participant) if default_model else None
+            if identity is not None:
+                key, weights_id, _ = identity
+                if weights_id == id(self.clients.working.templates[key]):
+                    rows[participant] = self._evaluate_group([participant])[0]
+                    continue
             skeleton, weights, flops = self._evaluation_model(participant)
             data = self.clients.client_data(participant)
             signature = (
@@ -310,6 +326,7 @@ class ParticipantHost:
                 tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in weights.items()),
                 tuple(data.test_x.shape[1:]),
                 data.test_x.dtype,
+                stacked_rows(len(data.test_y)),
             )
             members = pending.setdefault(signature, [])
             members.append((participant, skeleton, weights, data, flops))
@@ -432,8 +449,10 @@ class ParticipantHost:
             self.clients.restore(participant, blob)
 
     def close(self) -> bool:
-        """Remove this host's spilled client state (local disk)."""
-        self.clients.close()
+        """Remove this host's spilled client state (local disk); nothing for a host that was
+        never built (its run stopped first)."""
+        if self.clients is not None:
+            self.clients.close()
         return True
 
     def ping(self) -> bool:

@@ -12,6 +12,7 @@ that fits prints the need per host and in all.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from pathlib import Path
 
@@ -76,6 +77,69 @@ def check_state_memory(algorithm, federation, hosts: dict, budget: int, build) -
         f"{gigabytes(largest)} per actor (budget {gigabytes(budget)})"
     )
     return {"total": total, "per_host": per_host, "per_client": per_client}
+
+
+# A step's working memory per model slot: the weights, their gradients, the optimiser's
+# momenta and a copy read back after the step (activations come on top and are not counted).
+STEP_COPIES = 4
+
+
+def client_gpu_bytes(
+    algorithm, federation, shards: dict, hosts: dict, build, batch_clients: int
+) -> dict[str, dict[str, int]]:
+    """What each client host keeps on its GPU, by part: its clients' data (train and test
+    samples and targets, moved to the device), the working models (per architecture, one a
+    batched client, each with its step's gradients and momenta), the clients' kept weights
+    (`Algorithm.keeps` holds "model") and the public set when the algorithm uses it."""
+    sample = 4 * math.prod(federation.input_shape)  # float32 inputs
+    model_bytes: dict[tuple, int] = {}
+
+    def bytes_of(key) -> int:
+        if key not in model_bytes:
+            model = build(*key)
+            model_bytes[key] = sum(
+                t.numel() * t.element_size() for t in model.state_dict().values()
+            )
+        return model_bytes[key]
+
+    need = {}
+    for host, members in hosts.items():
+        clients = [int(p.split("/")[1]) for p in members if p.startswith("client/")]
+        if not clients:
+            continue
+        data = kept = 0
+        architectures = set()
+        for i in clients:
+            shard = shards[f"client/{i}"]
+            task = federation.task_specs[shard.task] if federation.task_specs else None
+            target = 8 if task is None or task.loss == "cross_entropy" else 4 * task.outputs
+            data += (len(shard.train_idx) + len(shard.test_idx)) * (sample + target)
+            key = (federation.models[i] if federation.models else None, federation.num_classes[i])
+            architectures.add(key)
+            if "model" in algorithm.keeps:
+                kept += bytes_of(key)
+        working = sum(bytes_of(key) for key in architectures) * STEP_COPIES * batch_clients
+        public = federation.public_size * sample if algorithm.uses_public else 0
+        need[host] = {"data": data, "models": working, "kept": kept, "public": public}
+    return need
+
+
+def check_gpu_memory(need: dict[str, dict[str, int]], share: float, device_bytes: int) -> None:
+    """Refuse, in one line, client hosts whose GPU memory need (`client_gpu_bytes`) passes
+    their share of the device (`share` of `device_bytes`: fractional GPUs share one device's
+    memory as they share its time)."""
+    room = min(1.0, share) * device_bytes
+    host, parts = max(need.items(), key=lambda item: sum(item[1].values()), default=(None, {}))
+    if host is None or sum(parts.values()) <= room:
+        return
+    detail = ", ".join(f"{name} {gigabytes(size)}" for name, size in parts.items() if size)
+    raise ConfigError(
+        f"runtime.num_gpus_per_actor: {share:g} of a {gigabytes(device_bytes)} GPU gives each "
+        f"client actor {gigabytes(room)}, and {host} needs {gigabytes(sum(parts.values()))} "
+        f"on it ({detail}; activations come on top); give fewer clients an actor "
+        "(runtime.clients_per_actor), a larger num_gpus_per_actor, a smaller batch_clients, "
+        "or device: cpu"
+    )
 
 
 def peak_rss() -> int:

@@ -93,7 +93,7 @@ def check_memory(cfg: ExperimentConfig, federation: FederationInfo, reported: in
 
     from raymtl.models import build_model
     from raymtl.runtime.memory import available_memory, check_state_memory, parse_bytes
-    from raymtl.runtime.ray_executor import auto_clients_per_actor
+    from raymtl.runtime.placement import actors_that_fit, auto_clients_per_actor
 
     algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm.typed_params(), None)
     runtime, n = cfg.runtime, federation.num_clients
@@ -108,10 +108,14 @@ def check_memory(cfg: ExperimentConfig, federation: FederationInfo, reported: in
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
     per_host = runtime.clients_per_actor
-    if per_host == "auto":
-        per_host = auto_clients_per_actor(
-            n, runtime.num_cpus or os.cpu_count() or 1, runtime.num_cpus_per_actor
+    if per_host == "auto":  # as a local Ray would lay them out (a cluster's: only printed)
+        import torch
+
+        here = {"CPU": runtime.num_cpus or os.cpu_count() or 1, "GPU": torch.cuda.device_count()}
+        room = actors_that_fit(
+            {"here": here}, runtime.num_cpus_per_actor, runtime.num_gpus_per_actor
         )
+        per_host = auto_clients_per_actor(n, room)
     hosts = {
         f"clients-{k}": [client_name(i) for i in block]
         for k, block in enumerate(group_blocks(n, per_host))
@@ -152,6 +156,9 @@ def build_setup(
         check_memory(cfg, federation, executor.memory_available())
     by_name = {client_name(s.client_id): s for s in shards}
     device = client_device(cfg, executor)  # before the pools travel: a refusal is cheap
+    layout = surviving_layout(cfg, federation, executor, lost)
+    if device == "cuda":
+        check_gpu_fits(cfg, federation, by_name, layout, executor)
     shared = executor.share_pools(pools)  # once per run in Ray's object store (None inline)
     specs = {
         name: HostSpec(
@@ -169,7 +176,7 @@ def build_setup(
             plugin_paths=search_paths(),
             name=name,
         )
-        for name, members in surviving_layout(cfg, federation, executor, lost).items()
+        for name, members in layout.items()
     }
     return Setup(federation, by_name, specs)
 
@@ -259,7 +266,7 @@ def host_layout(cfg: ExperimentConfig, federation: FederationInfo, executor: Exe
     return layout
 
 
-def client_device(cfg: ExperimentConfig, executor: Executor | None = None) -> str:
+def client_device(cfg: ExperimentConfig, executor: Executor) -> str:
     """Client hosts train on a GPU when the actors ask for one and torch sees it there.
 
     Under Ray the GPU is the actor's (Ray sets its CUDA_VISIBLE_DEVICES), not the driver's:
@@ -267,8 +274,6 @@ def client_device(cfg: ExperimentConfig, executor: Executor | None = None) -> st
     that declares GPUs torch cannot use (`num_gpus` as a plain resource count) trains on
     CPU under `device: auto`, and refuses `device: cuda` in one line, before any actor
     starts: never a traceback inside an actor."""
-    import torch
-
     runtime = cfg.runtime
     if runtime.device == "cuda" and runtime.num_gpus_per_actor == 0:
         raise ConfigError("runtime.device: 'cuda' needs runtime.num_gpus_per_actor > 0")
@@ -277,8 +282,7 @@ def client_device(cfg: ExperimentConfig, executor: Executor | None = None) -> st
     )
     if not wants_gpu:
         return "cpu"
-    probe = getattr(executor, "torch_sees_gpu", None)
-    seen = probe() if probe is not None else torch.cuda.is_available()  # None: not known
+    seen = executor.torch_sees_gpu()  # None: not known
     if seen is False and runtime.device == "cuda":
         share = f"{runtime.num_gpus_per_actor:g}"
         raise ConfigError(
@@ -287,6 +291,26 @@ def client_device(cfg: ExperimentConfig, executor: Executor | None = None) -> st
             "device: auto (CPU where torch sees none) or device: cpu"
         )
     return "cpu" if seen is False else "cuda"
+
+
+def check_gpu_fits(cfg: ExperimentConfig, federation, shards: dict, layout: dict, executor):
+    """Client hosts on a GPU: what each keeps there against its share of the device's memory
+    (memory.client_gpu_bytes), refused in one line before any actor starts. Skipped where the
+    device's memory is not known (no task holding a GPU share was placed)."""
+    from raymtl.models import build_model
+    from raymtl.runtime.memory import check_gpu_memory, client_gpu_bytes
+
+    device_bytes = executor.gpu_memory()
+    if not device_bytes:
+        return
+    algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm.typed_params(), None)
+
+    def build(name, num_classes):
+        params = cfg.model.params if name in (None, cfg.model.name) else {}
+        return build_model(name or cfg.model.name, federation.input_shape, num_classes, **params)
+
+    need = client_gpu_bytes(algorithm, federation, shards, layout, build, cfg.runtime.batch_clients)
+    check_gpu_memory(need, cfg.runtime.num_gpus_per_actor, device_bytes)
 
 
 def group_blocks(num_clients: int, per_host: int) -> list[list[int]]:

@@ -29,19 +29,21 @@ import uuid
 from collections import Counter
 
 from raymtl.algorithms.base import role_of
-from raymtl.config import RuntimeConfig
+from raymtl.config import ConfigError, RuntimeConfig
 from raymtl.runtime.actor_pool import POOL, ActorKind
 from raymtl.runtime.executor import REHOSTABLE_ROLES, Executor, HostsLost, build_error
 from raymtl.runtime.faults import RunStopped
+from raymtl.runtime.placement import (
+    actor_needs,
+    actors_that_fit,
+    auto_clients_per_actor,
+    fitted_clients_per_actor,
+    layout_refusal,
+    nodes_have,
+)
 from raymtl.runtime.results import Answer
 
 log = logging.getLogger(__name__)
-
-
-def auto_clients_per_actor(num_clients: int, cpus: float, cpus_per_actor: float) -> int:
-    """Pool clients so the client actors fill the cluster's CPUs once."""
-    actors = max(1, int(cpus // cpus_per_actor))
-    return max(1, math.ceil(num_clients / actors))
 
 
 def alive_nodes(ray) -> dict[str, dict[str, float]]:
@@ -49,46 +51,9 @@ def alive_nodes(ray) -> dict[str, dict[str, float]]:
     return {node["NodeID"]: dict(node["Resources"]) for node in ray.nodes() if node["Alive"]}
 
 
-def actors_that_fit(nodes: dict[str, dict[str, float]], cpus: float, gpus: float) -> int:
-    """How many actors of `cpus` CPUs and `gpus` GPUs the nodes hold, node by node (an actor
-    never spans two nodes)."""
-    total = 0
-    for resources in nodes.values():
-        # The small epsilon keeps 0.3 + 0.3 + 0.3 of 0.9 CPUs at three actors.
-        fits = int(resources.get("CPU", 0.0) / cpus + 1e-9)
-        if gpus > 0:
-            fits = min(fits, int(resources.get("GPU", 0.0) / gpus + 1e-9))
-        total += fits
-    return total
-
-
-def fitted_clients_per_actor(num_clients: int, wanted: int, capacity: int) -> int:
-    """`wanted` clients an actor when their actors fit `capacity` actors, else the fewest
-    clients an actor that do (capacity >= 1)."""
-    if math.ceil(num_clients / wanted) <= capacity:
-        return wanted
-    return math.ceil(num_clients / capacity)
-
-
-def amount(value: float, unit: str) -> str:
-    """'1 CPU', '2 CPUs', '0.5 GPU'."""
-    return f"{value:g} {unit}" + ("s" if value > 1 else "")
-
-
-def actor_needs(runtime: RuntimeConfig) -> str:
-    """What one client actor asks Ray for: '1 CPU', '1 CPU and 0.5 GPU'."""
-    needs = amount(runtime.num_cpus_per_actor, "CPU")
-    if runtime.num_gpus_per_actor:
-        needs += f" and {amount(runtime.num_gpus_per_actor, 'GPU')}"
-    return needs
-
-
-def nodes_have(nodes: dict[str, dict[str, float]], gpus: bool) -> str:
-    """What the nodes hold in all: '2 CPUs', '2 CPUs and 1 GPU'."""
-    have = amount(sum(r.get("CPU", 0.0) for r in nodes.values()), "CPU")
-    if gpus:
-        have += f" and {amount(sum(r.get('GPU', 0.0) for r in nodes.values()), 'GPU')}"
-    return have
+def actor_needs_of(runtime: RuntimeConfig) -> str:
+    """What one client actor of `runtime` asks Ray for: '1 CPU and 0.5 GPU'."""
+    return actor_needs(runtime.num_cpus_per_actor, runtime.num_gpus_per_actor)
 
 
 class RayExecutor(Executor):
@@ -122,16 +87,48 @@ class RayExecutor(Executor):
         self.resources: dict[str, dict[str, float]] = {}
         self.injected: set[str] = set()  # hosts killed by runtime.inject_faults
         self.layout_hosts: frozenset[str] = frozenset()  # the hosts `start` was given
-        self._gpu_seen: bool | None = None  # torch_sees_gpu's answer, once asked
 
     def clients_per_actor(self, num_clients: int) -> int:
-        limit = self.runtime.clients_per_actor
-        if limit == "auto":
-            # Inside a Tune trial (compare --parallel, tune): the trial's placement group.
-            cpus = trial_group_cpus() or self._ray.cluster_resources().get("CPU", 1.0)
-            limit = auto_clients_per_actor(num_clients, cpus, self.runtime.num_cpus_per_actor)
+        """Clients an actor. `auto` fills the room once, by CPUs and GPUs, node by node (in a
+        Tune trial: its placement group's bundles). After a node was lost, the client actors
+        are laid out on the nodes left (`_fit`). Otherwise a layout whose client actors do
+        not fit the room is one line: at once where the room cannot grow (a local Ray, a
+        trial's bundles: their size is known), after runtime.placement_timeout_s where it
+        may (a cluster joined at runtime.address, where nodes may still join). Under
+        runtime.autoscale the autoscaler is asked for the room instead (`request_room`)."""
+        runtime = self.runtime
+        if runtime.autoscale:
+            return runtime.clients_per_actor
         gone = self.nodes_lost()
-        return self._fit(num_clients, limit, gone) if gone else limit
+        cpus, gpus = runtime.num_cpus_per_actor, runtime.num_gpus_per_actor
+        may_grow = runtime.address is not None and trial_group_strategy() is None
+        deadline = time.monotonic() + runtime.placement_timeout_s
+        while True:
+            room, where = self.room()
+            capacity = actors_that_fit(room, cpus, gpus)
+            wanted = runtime.clients_per_actor
+            if wanted == "auto" and capacity:
+                wanted = auto_clients_per_actor(num_clients, capacity)
+            if gone:
+                return self._fit(num_clients, wanted if wanted != "auto" else 1, gone)
+            refusal = layout_refusal(room, where, num_clients, wanted, cpus, gpus)
+            if refusal is None:
+                return wanted
+            if not may_grow:
+                raise ConfigError(refusal)
+            if time.monotonic() >= deadline:
+                timeout = runtime.placement_timeout_s
+                raise RunStopped(f"{refusal}; waited {timeout:g} s (runtime.placement_timeout_s)")
+            time.sleep(1.0)
+
+    def room(self) -> tuple[dict[str, dict[str, float]], str]:
+        """Where client actors may go, and its name for a line: the bundles of the Tune
+        trial this runs in (compare --parallel, tune), or every node alive."""
+        bundles = trial_group_bundles()
+        if bundles is not None:
+            return bundles, "the trial's placement group"
+        where = "the cluster" if self.runtime.address is not None else "this machine's Ray"
+        return alive_nodes(self._ray), where
 
     def nodes_lost(self) -> list[str]:
         """The nodes alive when the run started that Ray has declared dead since."""
@@ -152,7 +149,7 @@ class RayExecutor(Executor):
                 break
             if time.monotonic() >= deadline:
                 raise RunStopped(
-                    f"runtime: not one client actor of {actor_needs(runtime)} fits the "
+                    f"runtime: not one client actor of {actor_needs_of(runtime)} fits the "
                     f"{nodes_have(alive, gpus > 0)} {after}; waited "
                     f"{runtime.placement_timeout_s:g} s (runtime.placement_timeout_s)"
                 )
@@ -162,7 +159,7 @@ class RayExecutor(Executor):
             was = f"auto ({wanted})" if runtime.clients_per_actor == "auto" else wanted
             self.replanned = (
                 f"runtime.clients_per_actor: {was} -> {fitted}: "
-                f"{math.ceil(num_clients / wanted)} client actors of {actor_needs(runtime)} "
+                f"{math.ceil(num_clients / wanted)} client actors of {actor_needs_of(runtime)} "
                 f"do not fit the {nodes_have(alive, gpus > 0)} {after}; "
                 f"{math.ceil(num_clients / fitted)} actors of up to {fitted} clients do"
             )
@@ -296,16 +293,23 @@ class RayExecutor(Executor):
         return started + getattr(self, "_placement_s", 0.0)
 
     def _await_placement(self, names) -> None:
-        """Wait until Ray has placed and started every named actor (it answers `ping`); stop
-        the run once runtime.placement_timeout_s passes with none of them coming up: an
-        actor that cannot be scheduled waits forever. A window in which some came up is
-        followed by another (a large layout starts its actors one after another)."""
+        """Wait until every named actor answers `ping` (Ray placed it and its process
+        started). runtime.placement_timeout_s bounds only the wait for room: an actor Ray has
+        placed is waited for however long its process takes to start (importing torch on a
+        busy machine); the run stops in one line once the timeout passes with actors still
+        unplaced and none placed meanwhile (a large layout starts its actors one after
+        another)."""
         timeout = self.runtime.placement_timeout_s
         pings = {self.hosts[name].ping.remote(): name for name in names}
-        waiting, ready = list(pings), True
-        while waiting and ready:
-            ready, waiting = self._ray.wait(waiting, num_returns=len(waiting), timeout=timeout)
+        waiting = list(pings)
+        deadline = time.monotonic() + timeout
+        while waiting:
+            ready, waiting = self._ray.wait(waiting, num_returns=len(waiting), timeout=1.0)
             self.placed.update(pings[ref] for ref in ready)
+            if ready or any(actor_has_a_worker(self.hosts[pings[ref]]) for ref in waiting):
+                deadline = time.monotonic() + timeout
+            elif time.monotonic() >= deadline:
+                break
         if not waiting:
             return
         unplaced = sorted(pings[ref] for ref in waiting)
@@ -313,7 +317,7 @@ class RayExecutor(Executor):
         after = f" after node {', '.join(gone)} was lost" if gone else ""
         raise RunStopped(
             f"runtime: {len(unplaced)} of {len(pings)} actors ({', '.join(unplaced)}; a client "
-            f"actor takes {actor_needs(self.runtime)}) not placed within "
+            f"actor takes {actor_needs_of(self.runtime)}) not placed within "
             f"runtime.placement_timeout_s: {timeout:g} s; the nodes alive{after} have "
             f"{nodes_have(alive, self.runtime.num_gpus_per_actor > 0)}"
         )
@@ -412,7 +416,7 @@ class RayExecutor(Executor):
                 request_resources(bundles=[])
                 raise RunStopped(
                     f"runtime.autoscale: the autoscaler did not bring up room for {actors} "
-                    f"client actors of {actor_needs(runtime)} within "
+                    f"client actors of {actor_needs_of(runtime)} within "
                     f"runtime.placement_timeout_s: {runtime.placement_timeout_s:g} s; the "
                     f"{len(alive)} nodes alive have {nodes_have(alive, gpus > 0)}"
                 )
@@ -424,18 +428,40 @@ class RayExecutor(Executor):
         """Whether torch sees a GPU in a task given a client actor's GPU share (Ray sets its
         CUDA_VISIBLE_DEVICES as it does the actor's); None when no such task was placed
         within runtime.placement_timeout_s (then the actors' placement says why)."""
-        if self._gpu_seen is None:
-            ray = self._ray
-            probe = ray.remote(num_cpus=0, num_gpus=self.runtime.num_gpus_per_actor)
+        seen = self._gpu_probe()
+        return None if seen is None else seen[0]
+
+    def gpu_memory(self) -> int | None:
+        """Bytes of memory of the GPU a task given a client actor's share sees (None: none,
+        or no such task was placed)."""
+        seen = self._gpu_probe()
+        return None if seen is None or not seen[0] else seen[1]
+
+    def _gpu_probe(self) -> tuple[bool, int] | None:
+        """What a task given a client actor's GPU share sees: asked once per share and Ray
+        session (`GPU_PROBES`). Idle actors of the reuse session that hold GPUs and are of
+        another kind go first: they would hold the room the probe needs, and this layout
+        cannot use them."""
+        ray, share = self._ray, self.runtime.num_gpus_per_actor
+        key = (ray.get_runtime_context().get_job_id(), share)
+        if key not in GPU_PROBES:
+            client_kind = self.actor_kind("client")
+            keep = Counter(
+                idle.kind
+                for idle in POOL.idle
+                if not idle.kind.num_gpus or idle.kind == client_kind
+            )
+            POOL.keep_only(keep, ray.kill)
+            probe = ray.remote(num_cpus=0, num_gpus=share)
             where = trial_group_strategy() or "DEFAULT"  # a Tune trial's GPUs are its group's
-            task = probe(torch_sees_gpu).options(max_retries=0, scheduling_strategy=where)
+            task = probe(gpu_seen_by_torch).options(max_retries=0, scheduling_strategy=where)
             answer = task.remote()
             ready, _ = ray.wait([answer], timeout=self.runtime.placement_timeout_s)
             if not ready:
                 ray.cancel(answer, force=True)
                 return None
-            self._gpu_seen = bool(ray.get(answer))
-        return self._gpu_seen
+            GPU_PROBES[key] = tuple(ray.get(answer))
+        return GPU_PROBES[key]
 
     def kill_host(self, name: str) -> None:
         """runtime.inject_faults: kill host `name`'s actor (no restart), as a crashed
@@ -510,6 +536,9 @@ class RayExecutor(Executor):
 
 GRAPH_KIND = ActorKind("graph", 0.0, 0.0)
 
+# (Ray job, GPU share) -> what a task given that share saw: (torch sees a GPU, its bytes).
+GPU_PROBES: dict[tuple, tuple[bool, int]] = {}
+
 
 def start_actor(kind: ActorKind, name: str, spec=None, **options):
     """A host actor of `kind` named `name` (`options`: more of Ray's, e.g. its scheduling
@@ -533,11 +562,27 @@ def start_actor(kind: ActorKind, name: str, spec=None, **options):
     )
 
 
-def torch_sees_gpu() -> bool:
-    """Run inside a task holding a GPU share: whether torch sees a GPU there."""
+def actor_has_a_worker(handle) -> bool:
+    """Whether Ray has placed the actor: a worker process is given to it (starting, or
+    running), as Ray's actor table says; False where the table cannot be read."""
+    from ray._private.state import actors
+
+    try:
+        info = actors(actor_id=handle._actor_id.hex())
+    except Exception:  # the table is Ray's internal API: never a reason to fail a run
+        return False
+    address = (info or {}).get("Address") or {}
+    return (info or {}).get("State") == "ALIVE" or bool(address.get("Port"))
+
+
+def gpu_seen_by_torch() -> tuple[bool, int]:
+    """Run inside a task holding a GPU share: whether torch sees a GPU there, and its
+    memory in bytes (0 without one)."""
     import torch
 
-    return torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        return False, 0
+    return True, torch.cuda.get_device_properties(0).total_memory
 
 
 def trial_group_strategy():
@@ -553,14 +598,15 @@ def trial_group_strategy():
     return PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
 
 
-def trial_group_cpus() -> float:
-    """The CPUs of the current placement group's bundles (0 outside one)."""
+def trial_group_bundles() -> dict[str, dict[str, float]] | None:
+    """The client bundles of the current placement group (a Tune trial's), as places an
+    actor may take; None outside one. Its first bundle, empty, is the trial's driver."""
     from ray.util import get_current_placement_group
 
     group = get_current_placement_group()
     if group is None:
-        return 0.0
-    return sum(bundle.get("CPU", 0.0) for bundle in group.bundle_specs)
+        return None
+    return {f"bundle-{k}": dict(bundle) for k, bundle in enumerate(group.bundle_specs)}
 
 
 def one_line(error: BaseException) -> str:

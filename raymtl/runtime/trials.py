@@ -62,17 +62,23 @@ class ClusterRoom:
         return cls(cpus=resources.get("CPU", 0.0), gpus=resources.get("GPU", 0.0))
 
 
-def client_actors(cfg: ExperimentConfig, trial_cpus: float) -> int:
+def client_actors(cfg: ExperimentConfig, trial_cpus: float, trial_gpus: float | None = None) -> int:
     """The client actors a trial of `cfg` starts: an explicit clients_per_actor fixes them;
-    `auto` fills the trial's share of the cluster (`trial_cpus`) once, as it fills the whole
-    cluster in a run of its own."""
+    `auto` fills the trial's share of the cluster (`trial_cpus`, and `trial_gpus` for actors
+    that take GPUs; None: as many as the CPUs allow) once, as it fills the whole cluster in a
+    run of its own."""
     runtime, num_clients = cfg.runtime, cfg.data.num_clients
     if runtime.clients_per_actor != "auto":
         return math.ceil(num_clients / runtime.clients_per_actor)
-    return max(1, min(num_clients, int(trial_cpus / runtime.num_cpus_per_actor + 1e-9)))
+    fits = int(trial_cpus / runtime.num_cpus_per_actor + 1e-9)
+    if runtime.num_gpus_per_actor and trial_gpus is not None:
+        fits = min(fits, int(trial_gpus / runtime.num_gpus_per_actor + 1e-9))
+    return max(1, min(num_clients, fits))
 
 
-def trial_bundles(cfg: ExperimentConfig, trial_cpus: float) -> list[dict[str, float]]:
+def trial_bundles(
+    cfg: ExperimentConfig, trial_cpus: float, trial_gpus: float | None = None
+) -> list[dict[str, float]]:
     """The placement group of one trial: an empty head bundle (the trial's driver) and a
     bundle per client actor; an inline run is the whole federation in the trial's own
     process, one bundle of num_cpus_per_actor."""
@@ -82,7 +88,7 @@ def trial_bundles(cfg: ExperimentConfig, trial_cpus: float) -> list[dict[str, fl
         actor["GPU"] = float(runtime.num_gpus_per_actor)
     if runtime.executor == "inline":
         return [actor]
-    return [{}] + [dict(actor) for _ in range(client_actors(cfg, trial_cpus))]
+    return [{}] + [dict(actor) for _ in range(client_actors(cfg, trial_cpus, trial_gpus))]
 
 
 def bundles_total(bundles: list[dict[str, float]], resource: str) -> float:
@@ -105,8 +111,8 @@ def plan_trials(
 ) -> tuple[int, dict[str, list[dict[str, float]]]]:
     """(trials in flight at most, experiment name -> its trials' bundles).
 
-    An explicit count shares the cluster's CPUs among that many trials (for `auto` clients
-    per actor); `auto` runs as many trials as the smallest trial layout fits."""
+    An explicit count shares the cluster's CPUs and GPUs among that many trials (for `auto`
+    clients per actor); `auto` runs as many trials as the smallest trial layout fits."""
     if parallel == "auto":
         # With clients_per_actor: auto a trial needs one client actor at least.
         smallest = [trial_bundles(cfg, cfg.runtime.num_cpus_per_actor) for cfg in configs]
@@ -117,8 +123,8 @@ def plan_trials(
             fits = min(fits, int(room.gpus / need_gpus + 1e-9))
         parallel = max(1, min(trials, fits))
     in_flight = min(parallel, trials)
-    share = room.cpus / in_flight
-    plans = {cfg.name: trial_bundles(cfg, share) for cfg in configs}
+    cpus, gpus = room.cpus / in_flight, room.gpus / in_flight
+    plans = {cfg.name: trial_bundles(cfg, cpus, gpus) for cfg in configs}
     for name, bundles in plans.items():
         for resource, have in (("CPU", room.cpus), ("GPU", room.gpus)):
             need = bundles_total(bundles, resource)

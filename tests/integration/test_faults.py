@@ -1,9 +1,9 @@
 """Faults on one shared local Ray: a lost host (client actor, server, LPS, graph service) rolls
 the whole federation back to its last complete checkpoint and the lost rounds are replayed, so
 the finished run equals the fault-free one; faults.parquet and summary.json say what happened.
-A run that cannot go on (recoveries used up, actors no node can hold) stops in one line
-(`RunStopped`; exit code 3 on the command line). Crashed nodes are tested on a
-`ray.cluster_utils.Cluster` in a subprocess (cluster_node_loss.py)."""
+A run that cannot go on (recoveries used up) stops in one line (`RunStopped`; exit code 3 on
+the command line); actors no node of the local Ray can hold are refused at once. Crashed
+nodes are tested on a `ray.cluster_utils.Cluster` in a subprocess (cluster_node_loss.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from raymtl.config import ConfigError
 from raymtl.runtime import run_experiment
 from raymtl.runtime.faults import RunStopped
 from tests.conftest import actor_serving, write_experiment
@@ -154,15 +156,18 @@ def test_recoveries_used_up_is_one_line_and_exit_code_3(tmp_path):
     assert "hosts lost during run_phase: clients-0" in line
 
 
-def test_actors_no_node_can_hold_stop_the_run_within_the_wait(ray_session, make_config, tmp_path):
-    """Client actors of 3 CPUs on the 2-CPU local Ray: never placed, and never a hang."""
+def test_actors_no_node_can_hold_are_refused_at_once(ray_session, make_config, tmp_path):
+    """Client actors of 3 CPUs on the 2-CPU local Ray: its size is known, so the layout is
+    refused before any actor starts, in one line, without waiting out the timeout."""
     settings = {**SETTINGS, "runtime.num_cpus_per_actor": 3, "runtime.placement_timeout_s": 20}
-    with pytest.raises(RunStopped) as stopped:
+    began = time.perf_counter()
+    with pytest.raises(ConfigError) as refused:
         run_experiment(make_config(**settings), tmp_path / "run")
-    (line,) = str(stopped.value).splitlines()
+    assert time.perf_counter() - began < 2
+    (line,) = str(refused.value).splitlines()
     assert line == (
-        "runtime: 2 of 3 actors (clients-0, clients-1; a client actor takes 3 CPUs) not "
-        "placed within runtime.placement_timeout_s: 20 s; the nodes alive have 2 CPUs"
+        "runtime: not one client actor of 3 CPUs fits: this machine's Ray has 2 CPUs (1 CPU "
+        "missing); give a smaller runtime.num_cpus_per_actor or num_gpus_per_actor"
     )
 
 

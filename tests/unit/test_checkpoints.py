@@ -20,6 +20,7 @@ from raymtl.runtime.checkpoints import (
     damaged_cause,
     index_file,
     read_blob,
+    read_host_checkpoint,
     read_manifest,
     saved_clients,
     verify_checkpoint,
@@ -180,3 +181,77 @@ def test_a_manifest_binds_the_settings_a_resume_may_not_change(make_config, tmp_
         ConfigError, match=r"^algorithm.params.momentum: unset in the checkpoints, 0.9 now"
     ):
         check_bound(make_config(**{"algorithm.params.momentum": 0.9}), manifest, "here")
+
+
+class SavedFromAGpu:
+    """torch.save tags the storages of the tensors given as from "cuda:0", as a GPU host's
+    checkpoint tags them (torch.serialization's tagger registry), on a machine without one."""
+
+    def __init__(self, *tensors: torch.Tensor):
+        self.storages = {t.untyped_storage().data_ptr() for t in tensors}
+
+    def tag(self, storage):
+        data_ptr = getattr(storage, "data_ptr", None)
+        if data_ptr is not None and data_ptr() in self.storages:
+            return "cuda:0"
+        return None
+
+    def __enter__(self):
+        import torch.serialization as serialization
+
+        serialization.register_package(1, self.tag, lambda storage, location: None)
+        self.entry = serialization._package_registry[0]
+        return self
+
+    def __exit__(self, *exc):
+        import torch.serialization as serialization
+
+        serialization._package_registry.remove(self.entry)
+
+
+def test_every_kind_of_state_loads_onto_the_device_it_lives_on(tmp_path):
+    """A checkpoint read by a host whose device is another one ("meta" stands for a GPU):
+    a model's weights go to the host's device (a client's kept weights, a coordinator's
+    state_dict); tensors saved from the CPU stay there (Sheaf-FMTL's maps, models kept as
+    CPU copies, a FedMuscle batch of indices); tensors saved from a GPU (SFMTL-Graph's
+    anchor lives on its model's device) go to the host's device; plain data stays plain."""
+    maps = {1: torch.randn(3, 5), 4: torch.randn(2, 5)}
+    anchor = torch.randn(4, 8)
+    coordinators = {"server": {"model": {"w": torch.ones(2, 2)}, "extras": {"round": 3}}}
+    clients = [
+        (
+            "client/0",
+            {
+                "model": {"fc.weight": torch.randn(4, 5), "fc.bias": torch.zeros(4)},
+                "extras": {
+                    "maps": maps,
+                    "personal": {"fc.weight": torch.randn(4, 5)},
+                    "anchor": anchor,
+                    "public_batch": torch.arange(6),
+                    "classes": [0, 3],
+                },
+            },
+        ),
+        ("client/1", {"model": None, "extras": {}, "initial_model": True}),
+    ]
+    with SavedFromAGpu(anchor):
+        write_host_checkpoint(str(tmp_path), coordinators, clients, "client/0")
+    kept_coordinators, kept_clients = read_host_checkpoint(
+        str(tmp_path), ["server"], ["client/0", "client/1"], "meta", "local"
+    )
+    assert kept_coordinators["server"]["model"]["w"].device.type == "meta"
+    assert kept_coordinators["server"]["extras"] == {"round": 3}
+    client = kept_clients["client/0"]
+    assert {t.device.type for t in client["model"].values()} == {"meta"}
+    extras = client["extras"]
+    assert {j: m.device.type for j, m in extras["maps"].items()} == {1: "cpu", 4: "cpu"}
+    for j, matrix in maps.items():
+        assert torch.equal(extras["maps"][j], matrix)  # bit for bit, on the CPU
+    assert extras["personal"]["fc.weight"].device.type == "cpu"
+    assert extras["public_batch"].device.type == "cpu"
+    assert extras["anchor"].device.type == "meta"  # saved from the GPU: onto the host's
+    assert extras["classes"] == [0, 3]
+    assert kept_clients["client/1"] == {"model": None, "extras": {}, "initial_model": True}
+    # A CPU host reads every tensor onto the CPU, the GPU's included, values unchanged.
+    _, on_cpu = read_host_checkpoint(str(tmp_path), [], ["client/0"], "cpu", "local")
+    assert torch.equal(on_cpu["client/0"]["extras"]["anchor"], anchor)

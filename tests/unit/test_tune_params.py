@@ -135,3 +135,17 @@ def test_plan_trials_shares_the_cluster(make_config):
     assert plan_trials([fixed], 1, "auto", ClusterRoom(cpus=70, gpus=0))[0] == 1
     with pytest.raises(ConfigError, match="needs 3 CPU .* the cluster has 2"):
         plan_trials([fixed], 4, 2, ClusterRoom(cpus=2, gpus=0))
+
+
+def test_auto_trials_share_the_gpus_as_well_as_the_cpus(make_config):
+    """16 CPUs and 1 GPU, quarter-GPU actors, 2 trials at once: each trial's half GPU holds
+    2 client actors, not the 8 its 8 CPUs would."""
+    gpus = make_config(
+        **{
+            "runtime.executor": "ray",
+            "runtime.clients_per_actor": "auto",
+            "runtime.num_gpus_per_actor": 0.25,
+        }
+    )
+    in_flight, plans = plan_trials([gpus], 4, 2, ClusterRoom(cpus=16, gpus=1))
+    assert in_flight == 2 and plans["test"] == [{}] + [{"CPU": 1.0, "GPU": 0.25}] * 2
