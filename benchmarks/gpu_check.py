@@ -438,7 +438,7 @@ def algorithms_inline(check: Check) -> None:
 
 
 def algorithms_ray(check: Check) -> None:
-    from raymtl.runtime.actor_pool import reusing_actors
+    from raymtl.runtime.actors.pool import reusing_actors
 
     try:
         with reusing_actors():  # one set of actors handed from algorithm to algorithm

@@ -38,7 +38,9 @@ from raymtl.extend import (
     weighted_average,
 )
 from raymtl.models import build_model
-from raymtl.runtime.planning import partition  # the same clients' shards for the plain loop
+from raymtl.runtime.executors.planning import (
+    partition,  # the same clients' shards for the plain loop
+)
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 import raymtl
-from raymtl.callbacks import Callback
+from raymtl.api.callbacks import Callback
 
 ARMS = "algorithm.name=fedavg,local,fedprox,ditto"
 TIMING = ("wall_time", "client_updates_per_second", "peak_memory")

@@ -84,9 +84,9 @@ def status_bytes(key: str) -> int:
 
 def federation_of(seed: int):
     """The job's federation for `seed` (its graph and every client's data shape)."""
-    from raymtl.python_api import experiment_config
-    from raymtl.runtime.executor import InlineExecutor
-    from raymtl.runtime.planning import build_federation, partition
+    from raymtl.api.experiments import experiment_config
+    from raymtl.runtime.executors.executor import InlineExecutor
+    from raymtl.runtime.executors.planning import build_federation, partition
 
     cfg = experiment_config(JOB, [f"seeds=[{seed}]", "runtime.executor=inline"])
     pools, shards, specs, _ = partition(cfg, seed)

@@ -12,7 +12,7 @@
 (d) = (a) with `raymtl up` running (`--only up`): the service is started once, before the
     repeats (not timed), and each fresh process joins its Ray and warm actors.
 (e) = (d) as a user types it (`--only cli`): the `raymtl run` command on the experiment's
-    YAML, which the service's preloaded process forks (raymtl/runtime/preload.py): the
+    YAML, which the service's preloaded process forks (raymtl/runtime/warm/preload.py): the
     command imports nothing heavy itself. Its first round is startup.parquet's `process_s`
     (counted from the command's start).
 *To first round's end* is from the process's (or command's) start to its first round's end,
@@ -215,7 +215,7 @@ def main() -> None:
     if "compare" in wanted:
         # runtime.reuse_actors off and on, where the code has it (older code: its default)
         root = Path(args.code) if args.code else HERE.parent
-        reuses = (root / "raymtl/runtime/actor_pool.py").is_file()
+        reuses = (root / "raymtl/runtime/actors/pool.py").is_file()
         options = ["false", "true"] if reuses else ["default"]
         cases += [("compare", option) for option in options]
     print(
@@ -251,7 +251,7 @@ def main() -> None:
     finally:
         if "up" in wanted or "cli" in wanted:  # also when a case failed
             os.environ["RAYMTL_HOME"] = up_home
-            from raymtl.runtime.warm import down
+            from raymtl.runtime.warm.service import down
 
             down()
     print(f"load average after: {os.getloadavg()}")
@@ -266,7 +266,7 @@ def prime_pool_cache(home: str) -> None:
 def start_service(home: str) -> None:
     """`raymtl up` with its state in `home` (once; later calls find it running)."""
     os.environ["RAYMTL_HOME"] = home
-    from raymtl.runtime.warm import up
+    from raymtl.runtime.warm.service import up
 
     service, started = up()
     if started:

@@ -24,21 +24,21 @@ import importlib
 
 # Public name -> the module that defines it; raymtl.extend's names are added on first use.
 EXPORTS = {
-    "run": "raymtl.python_api",
-    "resume": "raymtl.python_api",
-    "load_results": "raymtl.python_api",
-    "Results": "raymtl.python_api",
-    "compare": "raymtl.comparison",
-    "tune": "raymtl.tuning",
-    "Sweep": "raymtl.tuning",
-    "Comparison": "raymtl.comparison",
+    "run": "raymtl.api.running",
+    "resume": "raymtl.api.running",
+    "load_results": "raymtl.api.results",
+    "Results": "raymtl.api.results",
+    "compare": "raymtl.api.comparison",
+    "tune": "raymtl.api.tuning",
+    "Sweep": "raymtl.api.tuning",
+    "Comparison": "raymtl.api.comparison",
     "ExperimentConfig": "raymtl.config",
     "ConfigError": "raymtl.config",
     "RunStopped": "raymtl.runtime.faults",
-    "Callback": "raymtl.callbacks",
-    "RoundEvent": "raymtl.callbacks",
-    "Federation": "raymtl.runtime.federation",
-    "MLflowCallback": "raymtl.trackers.mlflow",
+    "Callback": "raymtl.api.callbacks",
+    "RoundEvent": "raymtl.api.callbacks",
+    "Federation": "raymtl.api.federation",
+    "MLflowCallback": "raymtl.api.mlflow",
 }
 EXTEND = "raymtl.extend"
 

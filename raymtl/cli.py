@@ -21,13 +21,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import raymtl
-from raymtl.callbacks import Callback, RoundEvent
-from raymtl.comparison import print_comparison, report_comparison
+from raymtl.api.callbacks import Callback, RoundEvent
+from raymtl.api.comparison import print_comparison, report_comparison
+from raymtl.api.mlflow import MLflowCallback
 from raymtl.config import ConfigError, load_raw, parse_config
 from raymtl.metrics import report as report_run
 from raymtl.metrics.report import print_summary
 from raymtl.runtime.faults import RunStopped
-from raymtl.trackers.mlflow import MLflowCallback
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
@@ -70,7 +70,7 @@ class RoundProgress(Callback):
         self.last_round: tuple[int, int] | None = None  # (seed, round) last completed
 
     def on_run_start(self, config, run_dir: Path) -> None:
-        from raymtl.runtime.run_dirs import resumable_location
+        from raymtl.runtime.storage.run_dirs import resumable_location
 
         self.label = config.name
         self.run_dir = resumable_location(config.output.dir, Path(run_dir))
@@ -287,7 +287,7 @@ def tune(
     ] = "auto",
 ) -> None:
     """Sweep settings of one experiment with Ray Tune; writes the best as an experiment file."""
-    from raymtl.tuning import print_sweep
+    from raymtl.api.tuning import print_sweep
 
     with user_errors():
         if not param:
@@ -344,8 +344,8 @@ def up(
     ] = True,
 ) -> None:
     """Keep a Ray and warm actors on this machine: later runs join them (no start-up)."""
-    from raymtl.home import raymtl_home
-    from raymtl.runtime.warm import up
+    from raymtl.paths import raymtl_home
+    from raymtl.runtime.warm.service import up
 
     try:
         service, started = up(
@@ -368,7 +368,7 @@ def up(
 @app.command()
 def down() -> None:
     """Stop the Ray and warm actors of `raymtl up`."""
-    from raymtl.runtime.warm import down as stop_service
+    from raymtl.runtime.warm.service import down as stop_service
 
     service = stop_service()
     if service is None:
@@ -385,7 +385,7 @@ def list_components(
     ] = None,
 ) -> None:
     """Algorithms, datasets, partitions, models, topologies and targets with their parameters."""
-    from raymtl.catalogue import catalogue_tables
+    from raymtl.api.catalogue import catalogue_tables
     from raymtl.plugins import load_plugins, resolve_entry
 
     with user_errors():

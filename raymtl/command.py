@@ -1,5 +1,5 @@
 """The `raymtl` command: forked from the preloaded process of `raymtl up` when one serves
-this code and environment (raymtl/runtime/preload.py), else run in this process.
+this code and environment (raymtl/runtime/warm/preload.py), else run in this process.
 
 Only the standard library is imported before that choice: a forwarded command never pays
 for torch, Ray or pandas itself.
@@ -11,7 +11,7 @@ import sys
 
 
 def main() -> None:
-    from raymtl.runtime.preload import forward
+    from raymtl.runtime.warm.preload import forward
 
     code = forward(sys.argv[1:])
     if code is not None:

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
-from raymtl.config_base import ConfigError, one_line
+from raymtl.errors import ConfigError, one_line
 
 # entry (a module name, or a file's resolved path) -> the module it loaded
 _LOADED: dict[str, ModuleType] = {}

@@ -10,11 +10,11 @@ import tempfile
 import pytest
 
 from raymtl.config import parse_config
-from raymtl.runtime.actor_pool import reusing_actors
+from raymtl.runtime.actors.pool import reusing_actors
 
 
 class SharedActors:
-    """The test session's actor reuse session (runtime/actor_pool.py): a federation that
+    """The test session's actor reuse session (runtime/actors/pool.py): a federation that
     finishes cleanly on the shared Ray hands its actors on to the next test's, as the seeds
     of one `raymtl run` hand them on. A fresh host actor costs 5–7 CPU-seconds (a
     process, torch's imports, its warm-up): on 2 cores, most of a short integration test.

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from raymtl.data.source_registry import Pool
-from raymtl.home import raymtl_home
+from raymtl.paths import raymtl_home
 
 log = logging.getLogger(__name__)
 

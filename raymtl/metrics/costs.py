@@ -3,7 +3,7 @@ seed needed to reach a target metric (`metrics: {target, metric}`), and the peak
 run's processes (hosts.parquet).
 
 Both go into summary.json (`target`, `peak_memory`); report.py shows them in the results
-table and comparison.py in table.csv.
+table and api/comparison.py in table.csv.
 """
 
 from __future__ import annotations

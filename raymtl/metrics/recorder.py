@@ -53,8 +53,8 @@ ROUNDS_SCHEMA = pa.schema(
         # min_clients_fraction < 1: clients the run went on without, and those left
         ("clients_lost", pa.int64()),
         ("clients_answered", pa.int64()),
-        # seconds of the round by kind of phase (runtime/round_loop.py PHASE_KINDS), evaluation,
-        # and the clients that ran a local-training step
+        # seconds of the round by kind of phase (runtime/loop/round_loop.py PHASE_KINDS),
+        # evaluation, and the clients that ran a local-training step
         ("seconds_train", pa.float64()),
         ("seconds_aggregate", pa.float64()),
         ("seconds_receive", pa.float64()),
@@ -68,7 +68,7 @@ ROUNDS_SCHEMA = pa.schema(
         ("flops_evaluate", pa.float64()),
         ("flops", pa.float64()),
         ("cum_flops", pa.float64()),
-        # clients' kept state (runtime/clients.py): bytes and clients in memory and spilled
+        # clients' kept state (runtime/hosts/clients.py): bytes and clients in memory and spilled
         # to local disk (beyond runtime.memory_budget), and the working models serving them
         ("state_resident_bytes", pa.int64()),
         ("state_spilled_bytes", pa.int64()),

@@ -1,15 +1,20 @@
-"""The only package that imports Ray: actors, executors, router and the round loop.
+"""The only package that imports Ray, in subpackages by responsibility (top to bottom):
+`trials` (Ray Tune), `loop` (federation, rounds, driver), `executors` (where hosts run and
+how they are laid out), `warm` (`raymtl up`), `actors` (Ray actors and their pool), `hosts`
+(what runs inside one), `storage` (run folders, checkpoints). Beside them, what they all
+speak: `router` (envelopes, the bit ledger), `results` (what calls return), `faults`
+(faults.parquet rows, `RunStopped`).
 
-Exports are resolved lazily: actors import `raymtl.runtime.host`, and must not pay for
+Exports are resolved lazily: actors import `raymtl.runtime.hosts.host`, and must not pay for
 the driver's plotting and reporting imports.
 """
 
 # name -> the module that defines it
 EXPORTS = {
-    "Federation": "raymtl.runtime.federation",
-    "resume_experiment": "raymtl.runtime.api",
-    "run_experiment": "raymtl.runtime.api",
-    "start_ray": "raymtl.runtime.launch",
+    "Federation": "raymtl.runtime.loop.federation",
+    "resume_experiment": "raymtl.runtime.loop.experiment",
+    "run_experiment": "raymtl.runtime.loop.experiment",
+    "start_ray": "raymtl.runtime.executors.launch",
 }
 __all__ = sorted(EXPORTS)
 

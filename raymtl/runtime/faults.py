@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 
-from raymtl.config_base import ConfigError
+from raymtl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

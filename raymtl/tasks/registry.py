@@ -23,11 +23,14 @@ import inspect
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from raymtl.data.source_registry import Pool
 from raymtl.tasks.spec import METRICS_OF_LOSS
+
+if TYPE_CHECKING:  # tasks compute targets from a data set's pool; data builds on tasks
+    from raymtl.data.source_registry import Pool
 
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 

@@ -37,12 +37,14 @@ are not confused. Returned tensors are shared: read-only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from raymtl.data.source_registry import Pool
 from raymtl.tasks.registry import Targets, register_target
+
+if TYPE_CHECKING:  # tasks compute targets from a data set's pool; data builds on tasks
+    from raymtl.data.source_registry import Pool
 
 ITEM_THRESHOLD = 0.1  # a pixel belongs to the item above this fraction of the maximum intensity
 FASHION_MNIST_CLASSES = (

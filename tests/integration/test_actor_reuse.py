@@ -11,8 +11,8 @@ import pytest
 
 import raymtl
 from raymtl.config import parse_config
-from raymtl.runtime.actor_pool import POOL, reusing_actors
-from raymtl.runtime.api import run_experiment
+from raymtl.runtime.actors.pool import POOL, reusing_actors
+from raymtl.runtime.loop.experiment import run_experiment
 from tests.conftest import digits_experiment, learned
 
 pytestmark = pytest.mark.ray

@@ -23,7 +23,7 @@ from raymtl.config import parse_config
 from raymtl.models import build_model
 from raymtl.plugins import load_plugins, resolve_entry
 from raymtl.runtime import run_experiment
-from raymtl.runtime.accounting import link_direction
+from raymtl.runtime.loop.accounting import link_direction
 from tests.conftest import digits_experiment
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -266,7 +266,9 @@ def test_a_run_kept_at_a_uri_recovers_and_resumes_from_it(
 ):
     """output.dir as a URI (file:// here; s3://, gs:// go through the same pyarrow.fs calls):
     the hosts write their checkpoints there, the driver publishes its outputs there."""
-    monkeypatch.setattr("raymtl.runtime.run_dirs.DEFAULT_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        "raymtl.runtime.storage.run_dirs.DEFAULT_CACHE_ROOT", str(tmp_path / "cache")
+    )
     import raymtl
 
     whole = run_experiment(make_config(**SETTINGS), tmp_path / "whole")

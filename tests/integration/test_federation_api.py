@@ -1,4 +1,4 @@
-"""The live federation (`raymtl.runtime.federation.Federation`), driven round by round, and
+"""The live federation (`raymtl.runtime.loop.federation.Federation`), driven round by round, and
 the callbacks of a run: what a notebook or a tracker sees equals what the run records.
 Inline executor, except the hosts' build errors, which are the Ray executor's business."""
 
@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from raymtl.callbacks import Callback
+from raymtl.api.callbacks import Callback
 from raymtl.config import ConfigError
 from raymtl.runtime import resume_experiment, run_experiment
-from raymtl.runtime.federation import Federation
+from raymtl.runtime.loop.federation import Federation
 from tests.conftest import digits_experiment, write_experiment
 
 
@@ -164,7 +164,7 @@ def test_the_rows_a_callback_sees_are_the_rows_recorded(make_config, tmp_path):
 def broken_hosts(runtime, change):
     """RayExecutors whose hosts get a config the driver never saw (it would have refused
     it): what a host raises while it is built."""
-    from raymtl.runtime.ray_executor import RayExecutor
+    from raymtl.runtime.executors.ray_executor import RayExecutor
 
     class Broken(RayExecutor):
         def start(self, specs):

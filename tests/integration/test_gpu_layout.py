@@ -81,7 +81,7 @@ def slow_starter(ray, seconds: float, gpus: float = 0.0):
 
 
 def test_a_placed_actor_is_waited_for_past_the_placement_timeout(ray_session):
-    from raymtl.runtime.ray_executor import RayExecutor
+    from raymtl.runtime.executors.ray_executor import RayExecutor
 
     executor = RayExecutor(RuntimeConfig(placement_timeout_s=3))
     executor.hosts = {"clients-0": slow_starter(ray_session, 7.0)}
@@ -94,7 +94,7 @@ def test_a_placed_actor_is_waited_for_past_the_placement_timeout(ray_session):
 
 def test_an_actor_no_node_can_place_stops_the_run_after_the_timeout(ray_session):
     """An actor asking for 2 GPUs of a Ray with 1: the timeout is the wait for room."""
-    from raymtl.runtime.ray_executor import RayExecutor
+    from raymtl.runtime.executors.ray_executor import RayExecutor
 
     executor = RayExecutor(RuntimeConfig(placement_timeout_s=2))
     executor.hosts = {"clients-0": slow_starter(ray_session, 0.0, gpus=2.0)}

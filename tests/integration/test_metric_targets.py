@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 import raymtl
-from raymtl.comparison import print_comparison
+from raymtl.api.comparison import print_comparison
 from raymtl.config import ConfigError
 from tests.conftest import digits_experiment
 

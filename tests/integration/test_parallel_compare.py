@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import raymtl
-from raymtl.callbacks import Callback
+from raymtl.api.callbacks import Callback
 from raymtl.config import dump_config, parse_config
 from tests.conftest import digits_experiment, learned
 
@@ -66,9 +66,9 @@ def test_parallel_compare_equals_the_sequential_one(ray_session, tmp_path):
 
 def test_a_retried_trial_goes_on_from_its_checkpoint(ray_session, tmp_path):
     """What Tune's retry of a failed trial meets: its staging run, one round in."""
-    from raymtl.runtime.driver import Driver
-    from raymtl.runtime.launch import executor_factory
-    from raymtl.runtime.trials import STAGING, run_seed_trials
+    from raymtl.runtime.executors.launch import executor_factory
+    from raymtl.runtime.loop.driver import Driver
+    from raymtl.runtime.trials.runs import STAGING, run_seed_trials
 
     cfg = parse_config(digits_experiment(tmp_path, rounds=3, name="retry"))
     reference = raymtl.run(cfg, run_dir=tmp_path / "reference")
@@ -110,7 +110,7 @@ class KillClientsOnce(Callback):
 def test_tune_retries_a_failed_trial_from_its_checkpoint(ray_session, tmp_path):
     """Tune's FailureConfig: the trial whose actor died goes on from round 1's checkpoint
     in a new attempt, to the results of a run that never failed."""
-    from raymtl.runtime.trials import run_seed_trials
+    from raymtl.runtime.trials.runs import run_seed_trials
 
     raw = digits_experiment(
         tmp_path,

@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from raymtl.runtime.warm import process_alive
+from raymtl.runtime.warm.service import process_alive
 from tests.conftest import learned
 from tests.conftest import write_experiment as write
 

@@ -101,7 +101,7 @@ def test_rejected_non_finite_updates_reach_the_console_and_a_table(tmp_path, cap
     warnings = pd.read_parquet(run_dir / "warnings.parquet")
     assert set(warnings["participant"]) == {"server"} and len(warnings) == 2 * 6
     assert warnings["message"].str.contains("non-finite update").all()
-    driver = [r.getMessage() for r in caplog.records if r.name == "raymtl.runtime.round_loop"]
+    driver = [r.getMessage() for r in caplog.records if r.name == "raymtl.runtime.loop.round_loop"]
     assert any("round 2, server: rejected a non-finite update" in line for line in driver)
 
 
@@ -244,7 +244,7 @@ def test_a_damaged_config_yaml_is_refused_in_one_line(tmp_path):
 
 
 def test_a_federation_reopening_an_edited_run_directory_is_refused(tmp_path):
-    from raymtl.runtime.federation import Federation
+    from raymtl.runtime.loop.federation import Federation
     from tests.conftest import digits_experiment
 
     run_dir = interrupted(tmp_path)

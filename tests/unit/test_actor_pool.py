@@ -3,8 +3,8 @@ are killed for a layout that cannot use them, and that only the outermost sessio
 
 from __future__ import annotations
 
-from raymtl.runtime import actor_pool
-from raymtl.runtime.actor_pool import ActorKind, ActorPool, reusing_actors
+from raymtl.runtime.actors import pool as actor_pool
+from raymtl.runtime.actors.pool import ActorKind, ActorPool, reusing_actors
 
 
 def test_idle_actors_of_other_kinds_are_killed_and_the_last_host_is_taken_first():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from raymtl.config import ConfigError
-from raymtl.runtime.checkpoints import (
+from raymtl.runtime.storage.checkpoints import (
     DamagedCheckpoint,
     check_shared,
     checkpoint_file,
@@ -27,8 +27,8 @@ from raymtl.runtime.checkpoints import (
     write_host_checkpoint,
     write_manifest,
 )
-from raymtl.runtime.run_dirs import bound_config, check_bound
-from raymtl.runtime.storage import Location
+from raymtl.runtime.storage.location import Location
+from raymtl.runtime.storage.run_dirs import bound_config, check_bound
 
 
 class FakeExecutor:
@@ -76,9 +76,9 @@ def test_complete_needs_every_participants_file(tmp_path):
 
 
 def test_a_host_never_starts_from_scratch_when_its_checkpoint_is_missing(tmp_path, make_config):
-    from raymtl.runtime.executor import InlineExecutor
-    from raymtl.runtime.host import ParticipantHost
-    from raymtl.runtime.planning import build_setup
+    from raymtl.runtime.executors.executor import InlineExecutor
+    from raymtl.runtime.executors.planning import build_setup
+    from raymtl.runtime.hosts.host import ParticipantHost
 
     cfg = make_config()
     setup = build_setup(cfg, 0, InlineExecutor(cfg.runtime), tmp_path, resume_round=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from raymtl.runtime.client_state import ClientStates, WorkingModels, tensor_bytes
+from raymtl.runtime.hosts.client_state import ClientStates, WorkingModels, tensor_bytes
 
 
 def blob(seed: int) -> dict:

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 import yaml
 
-import raymtl
 from raymtl.config import ConfigError, dump_config, load_config, parse_config
 from tests.conftest import digits_experiment
 
@@ -136,32 +132,6 @@ def test_missing_file_and_bad_override(tmp_path):
     path.write_text(yaml.safe_dump(digits_experiment(tmp_path)))
     with pytest.raises(ConfigError, match="expected key.path=value"):
         load_config(path, ["rounds"])
-
-
-def raymtl_imports(path: Path) -> set[str]:
-    """The raymtl modules a file imports, wherever the import statement is."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
-        elif isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-    return {name for name in names if name.startswith("raymtl.")}
-
-
-def test_the_configuration_modules_import_each_other_without_a_circle():
-    package = Path(raymtl.__file__).parent
-    modules = ("config_base", "plugins", "config_data", "config_checks", "config", "catalogue")
-    imports = {m: raymtl_imports(package / f"{m}.py") for m in modules}
-    # A chain: each module imports only those before it in `modules`, never one after.
-    for position, module in enumerate(modules):
-        later = {f"raymtl.{other}" for other in modules[position + 1 :]}
-        assert not imports[module] & later, module
-    assert imports["config_base"] == set() and imports["plugins"] == {
-        "raymtl.config_base",
-        "raymtl.config_base.ConfigError",
-        "raymtl.config_base.one_line",
-    }
 
 
 def test_plugins_load_before_validation_and_are_kept_absolute(tmp_path, monkeypatch):

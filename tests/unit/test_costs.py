@@ -12,7 +12,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from raymtl.comparison import final_table
+from raymtl.api.comparison import final_table
 from raymtl.metrics import Recorder, results_table, summarize
 from raymtl.metrics.costs import format_bytes
 from raymtl.metrics.report import format_tflops

@@ -22,7 +22,7 @@ from raymtl.data.shards import ClientShard
 from raymtl.data.source_registry import Pool
 from raymtl.flops import FlopMeter
 from raymtl.models.registry import build_model, num_params
-from raymtl.runtime.host import ParticipantHost
+from raymtl.runtime.hosts.host import ParticipantHost
 from raymtl.tasks.objectives import evaluate_stacked, evaluate_task
 from raymtl.tasks.spec import TaskSpec
 

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from raymtl.models.registry import build_model
-from raymtl.runtime.host import ParticipantHost
+from raymtl.runtime.hosts.host import ParticipantHost
 from raymtl.tasks.objectives import evaluate_task, evaluate_together
 from raymtl.tasks.spec import TaskSpec
 

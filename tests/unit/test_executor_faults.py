@@ -11,9 +11,9 @@ import pytest
 import ray.exceptions
 
 from raymtl.config import ConfigError, RuntimeConfig
-from raymtl.runtime.executor import HostsLost, InlineExecutor
-from raymtl.runtime.federation import Federation
-from raymtl.runtime.ray_executor import RayExecutor
+from raymtl.runtime.executors.executor import HostsLost, InlineExecutor
+from raymtl.runtime.executors.ray_executor import RayExecutor
+from raymtl.runtime.loop.federation import Federation
 from raymtl.runtime.results import Answer
 
 

@@ -25,7 +25,7 @@ from raymtl.config import ConfigError, parse_config
 from raymtl.data import load_pool
 from raymtl.data.domains import partition_sources, public_indices
 from raymtl.data.sources import Pool
-from raymtl.runtime.planning import check_federation, partition
+from raymtl.runtime.executors.planning import check_federation, partition
 from tests.conftest import digits_experiment
 
 TAU, TAU_PRIME = 0.2, 0.15

@@ -12,9 +12,9 @@ import pytest
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.config import ConfigError
 from raymtl.models import build_model
-from raymtl.runtime.executor import InlineExecutor
-from raymtl.runtime.memory import STEP_COPIES, check_gpu_memory, client_gpu_bytes
-from raymtl.runtime.planning import build_federation, build_setup, partition
+from raymtl.runtime.executors.executor import InlineExecutor
+from raymtl.runtime.executors.planning import build_federation, build_setup, partition
+from raymtl.runtime.hosts.memory import STEP_COPIES, check_gpu_memory, client_gpu_bytes
 
 
 class GpuSeen(InlineExecutor):

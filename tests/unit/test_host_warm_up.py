@@ -23,9 +23,9 @@ import json, sys
 from raymtl.algorithms.base import Phase
 from raymtl.algorithms.training import model_tensors
 from raymtl.config import parse_config
-from raymtl.runtime.executor import InlineExecutor
-from raymtl.runtime.host import ParticipantHost
-from raymtl.runtime.planning import build_setup
+from raymtl.runtime.executors.executor import InlineExecutor
+from raymtl.runtime.hosts.host import ParticipantHost
+from raymtl.runtime.executors.planning import build_setup
 from raymtl.runtime.router import Envelope
 
 cfg = parse_config(json.loads(sys.argv[1]))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raymtl.comparison import expand_experiments
+from raymtl.api.experiments import experiment_configs
 from raymtl.config import ConfigError, load_config
 
 JOBS = sorted((Path(__file__).resolve().parents[2] / "jobs").glob("*.yaml"))
@@ -21,7 +21,7 @@ def is_comparison(path: Path) -> bool:
 def test_job_file_validates(path):
     if is_comparison(path):
         arms = yaml.safe_load(path.read_text())["arms"]
-        configs = expand_experiments([path])
+        configs = experiment_configs([path])
         assert [cfg.name for cfg in configs] == list(arms)
         assert all(cfg.rounds >= 1 for cfg in configs)
         with pytest.raises(ConfigError, match="run it with raymtl compare"):
@@ -48,7 +48,7 @@ def test_an_arm_replaces_whole_sections_and_overrides_reach_every_arm(tmp_path: 
             }
         )
     )
-    peer, star = expand_experiments([path], ["rounds=2"])
+    peer, star = experiment_configs([path], ["rounds=2"])
     assert (peer.name, peer.algorithm.name, peer.topology.kind) == ("peer", "dpsgd", "erdos_renyi")
     assert (star.name, star.topology.kind, star.topology.params) == ("star", "star", {})
     assert star.algorithm.params == {}  # the base's lr went with the base's algorithm section
@@ -59,4 +59,4 @@ def test_arms_that_are_not_a_mapping_are_one_line(tmp_path: Path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"data": {"name": "digits"}, "arms": ["fedavg", "local"]}))
     with pytest.raises(ConfigError, match="^arms: give a mapping"):
-        expand_experiments([path])
+        experiment_configs([path])

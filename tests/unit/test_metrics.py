@@ -307,33 +307,3 @@ def test_summarize_draws_no_plot_even_for_an_algorithm_table(run_dir: Path):
     assert not (run_dir / "plots").exists()
     names = [path.name for path in plot_run(run_dir)]
     assert names[-1] == "leaders.png" and (run_dir / "plots" / "leaders.png").is_file()
-
-
-def metrics_imports(path: Path, modules: set[str]) -> set[str]:
-    """The raymtl.metrics modules a file imports, anywhere in it (function bodies too)."""
-    import ast
-
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{alias.name}" for alias in node.names]
-            found |= {name for name in names if name in modules} or {node.module}
-        elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-    return found & modules
-
-
-def test_the_metrics_package_has_no_import_circle():
-    """plots, report, tasks and the table reporters import one another in one direction only
-    (no late import hides a circle): a topological order of the modules exists."""
-    import graphlib
-
-    root = Path(__file__).resolve().parents[2] / "raymtl" / "metrics"
-    files = {}
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(root.parent.parent).with_suffix("").parts
-        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {name: metrics_imports(path, set(files)) - {name} for name, path in files.items()}
-    assert "raymtl.metrics.plots" in graph["raymtl.metrics.report"]
-    order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError
-    assert order.index("raymtl.metrics.statistics") < order.index("raymtl.metrics.tasks")

@@ -70,7 +70,7 @@ def test_local_trains_a_mix_and_records_each_clients_model(tmp_path):
 
 
 def test_models_by_task_are_checked_against_the_algorithm_before_ray_starts(tmp_path):
-    from raymtl.runtime.planning import check_federation
+    from raymtl.runtime.executors.planning import check_federation
 
     one = {"model.by_task": {"label": "cnn_mnist"}, "algorithm.name": "fedavg"}
     check_federation(parse_config(digits_experiment(tmp_path, **one)))  # one architecture

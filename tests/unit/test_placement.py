@@ -8,8 +8,7 @@ import pytest
 import typer
 
 from raymtl.cli import RUN_STOPPED, user_errors
-from raymtl.runtime.faults import RunStopped, replan_row
-from raymtl.runtime.placement import (
+from raymtl.runtime.executors.placement import (
     actors_that_fit,
     auto_clients_per_actor,
     fitted_clients_per_actor,
@@ -17,6 +16,7 @@ from raymtl.runtime.placement import (
     missing,
     nodes_have,
 )
+from raymtl.runtime.faults import RunStopped, replan_row
 
 HEAD = {"CPU": 2.0, "memory": 8e9}
 GPU_NODE = {"CPU": 8.0, "GPU": 1.0}

@@ -346,7 +346,7 @@ def test_bad_params_of_plugin_entries_are_one_line(tmp_path, overrides, expected
 
 
 def test_raymtl_list_marks_plugin_entries_and_refuses_a_broken_plugin(tmp_path):
-    from raymtl import catalogue
+    from raymtl.api import catalogue
 
     path = write_plugin(tmp_path, "listed", "_l")
     result = CliRunner().invoke(app, ["list", "--plugin", str(path)])

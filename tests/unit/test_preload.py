@@ -1,4 +1,4 @@
-"""Commands forked from a preloaded process (raymtl/runtime/preload.py), without Ray: a
+"""Commands forked from a preloaded process (raymtl/runtime/warm/preload.py), without Ray: a
 preloaded process serving a small test command, and commands that forward to it."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from raymtl.runtime import preload
+from raymtl.runtime.warm import preload
 from tests.conftest import as_typed_at_a_terminal
 
 # The command side, as raymtl/command.py runs it: forwarded, or says it was not.
 COMMAND = (
-    "import sys; from raymtl.runtime.preload import forward; code = forward(sys.argv[1:]); "
+    "import sys; from raymtl.runtime.warm.preload import forward; code = forward(sys.argv[1:]); "
     "print('ran here') if code is None else sys.exit(code)"
 )
 # The command the preloaded process runs in each child.
@@ -30,7 +30,7 @@ TARGET = textwrap.dedent(
     from pathlib import Path
 
     def main():
-        from raymtl.runtime import preload
+        from raymtl.runtime.warm import preload
         what = sys.argv[1]
         if what == "wait":  # until interrupted, as a run stopped by Ctrl-C
             try:
@@ -67,7 +67,14 @@ def preloaded(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
     sock = home / preload.SOCKET_FILE
     server = subprocess.Popen(
-        [sys.executable, "-m", "raymtl.runtime.preload", sock, "target_command:main", "--bare"],
+        [
+            sys.executable,
+            "-m",
+            "raymtl.runtime.warm.preload",
+            sock,
+            "target_command:main",
+            "--bare",
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

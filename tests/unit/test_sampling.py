@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raymtl.runtime.sampling import sample_clients, sample_size
+from raymtl.runtime.loop.sampling import sample_clients, sample_size
 
 
 def test_every_two_decimal_fraction_of_up_to_200_clients_samples_ceil_m_n():

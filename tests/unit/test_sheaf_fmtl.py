@@ -84,7 +84,7 @@ def test_interaction_dims_and_memory():
 
 
 def test_a_run_over_the_memory_budget_is_refused_with_its_knobs(tmp_path, capsys):
-    from raymtl.runtime.planning import check_federation
+    from raymtl.runtime.executors.planning import check_federation
 
     settings = {"algorithm.name": "sheaf_fmtl", "runtime.memory_budget": "10KB"}
     with pytest.raises(ConfigError) as error:
@@ -134,14 +134,14 @@ def test_identity_maps_need_gamma_one():
 
 
 def test_a_cluster_run_is_held_to_what_ray_reports(tmp_path, capsys):
-    from raymtl.runtime.planning import check_federation, check_memory
+    from raymtl.runtime.executors.planning import check_federation, check_memory
 
     settings = {"algorithm.name": "sheaf_fmtl", "runtime.address": "auto"}
     cfg = parse_config(digits_experiment(tmp_path, **settings))
     check_federation(cfg)  # before connecting: printed, not refused
     assert "budget no limit" in capsys.readouterr().out
-    from raymtl.runtime.executor import InlineExecutor
-    from raymtl.runtime.planning import build_federation, partition
+    from raymtl.runtime.executors.executor import InlineExecutor
+    from raymtl.runtime.executors.planning import build_federation, partition
 
     pools, shards, specs, _ = partition(cfg, 0)
     federation = build_federation(

@@ -149,7 +149,7 @@ def test_labels_only_algorithms_refuse_attribute_targets(tmp_path):
 
 
 def test_declared_outputs_must_fit_the_targets(tmp_path):
-    from raymtl.runtime.planning import partition
+    from raymtl.runtime.executors.planning import partition
 
     tasks = [{"name": "landmarks", "targets": "landmarks", "outputs": 5}]
     cfg = config(tmp_path, **{"data.tasks": tasks, "algorithm.name": "fedavg"})

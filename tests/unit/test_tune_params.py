@@ -12,10 +12,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from raymtl.api.tuning import ParamSpec, parse_param, with_values
 from raymtl.cli import app
 from raymtl.config import ConfigError
-from raymtl.runtime.trials import ClusterRoom, parse_parallel, plan_trials, trial_bundles
-from raymtl.tuning import ParamSpec, parse_param, with_values
+from raymtl.runtime.trials.plans import ClusterRoom, parse_parallel, plan_trials, trial_bundles
 from tests.conftest import write_experiment
 
 

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from raymtl.runtime import warm
-from raymtl.runtime.actor_pool import ActorKind, ActorPool
-from raymtl.runtime.warm import Service, WarmPool
+from raymtl.runtime.actors.pool import ActorKind, ActorPool
+from raymtl.runtime.warm import service as warm
+from raymtl.runtime.warm.service import Service, WarmPool
 
 CLIENT = ActorKind("client", 1.0, 0.0)
 SERVER = ActorKind("server", 0.0, 0.0)

@@ -1,0 +1,203 @@
+"""What `raymtl list` shows: every registry, with each entry's typed parameters.
+
+Entries registered by a plugin say so ("(plugin my_module)"): load the plugins first
+(`raymtl list --plugin MODULE_OR_PATH`).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from pydantic import BaseModel
+from rich.markup import escape
+from rich.table import Table
+
+from raymtl.algorithms import all_algorithms
+from raymtl.config.data import PartitionConfig
+from raymtl.data import PARTITIONS, SOURCES
+from raymtl.data.source_registry import COMMON_ARGS as SOURCE_ARGS
+from raymtl.graph import STRUCTURED_KINDS, TOPOLOGIES
+from raymtl.models import MODELS, build_model, num_params
+from raymtl.plugins import plugin_of
+from raymtl.tasks import TARGETS
+from raymtl.tasks.spec import OPTIMIZERS
+
+# What the topology kinds without a peer graph give.
+STRUCTURED = {
+    "star": ("a server and its clients", ""),
+    "hierarchical": ("a GPS over num_lps local parameter servers", "num_lps=2"),
+    "none": ("no communication (Local)", ""),
+    "groups": ("task groups with task leaders, no server (ColNet)", ""),
+}
+COMMON_PARTITION = (
+    "quantity=equal|lognormal|powerlaw, quantity_sigma, quantity_exponent, rotations, "
+    "mask_probs, test_fraction=0.2, max_samples_per_client"
+)
+TASKS_TAKEN = {"same": "one task", "labels": "one label task", "different": "any tasks"}
+BOUNDS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+
+
+def first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if text and text.strip() else ""
+
+
+def type_name(annotation: object) -> str:
+    """`int`, `float | None`, ...: an annotation as it reads in code."""
+    if annotation is inspect.Parameter.empty or annotation is None:
+        return ""
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def typed(name: str, annotation: object, default: object) -> str:
+    """'name: type=default' ('name: type (required)' without a default)."""
+    kind = type_name(annotation)
+    head = f"{name}: {kind}" if kind else name
+    return f"{head} (required)" if default is inspect.Parameter.empty else f"{head}={default}"
+
+
+def param_text(model: type[BaseModel]) -> str:
+    """'name: type=default (bounds)' for each field of a params model."""
+    parts = []
+    for name, field in model.model_fields.items():
+        bounds = [
+            f"{sign}{getattr(rule, attribute)}"
+            for rule in field.metadata
+            for attribute, sign in BOUNDS
+            if getattr(rule, attribute, None) is not None
+        ]
+        text = typed(name, field.annotation, field.default)
+        parts.append(f"{text} ({', '.join(bounds)})" if bounds else text)
+    return ", ".join(parts)
+
+
+def signature_text(function, skip: tuple[str, ...] = (), keyword_only: bool = False) -> str:
+    """'name: type=default' for the parameters of a function (its own, past `skip`)."""
+    parameters = [
+        p
+        for p in inspect.signature(function).parameters.values()
+        if p.name not in skip
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and (not keyword_only or p.kind is inspect.Parameter.KEYWORD_ONLY)
+    ]
+    return ", ".join(typed(p.name, p.annotation, p.default) for p in parameters)
+
+
+def marked(text: str, registered: object) -> str:
+    """`text`, with '(plugin X)' when a plugin registered the entry."""
+    plugin = plugin_of(getattr(registered, "__module__", "") or "")
+    return f"{text} (plugin {plugin})" if plugin else text
+
+
+def partition_params(spec) -> str:
+    """The kind's own parameters: data.partition's fields (their defaults), else params."""
+    fields = PartitionConfig.model_fields
+    annotations = {p.name: p.annotation for p in inspect.signature(spec.build).parameters.values()}
+    parts = []
+    for name, default in spec.params.items():
+        if name in fields:
+            parts.append(f"{name}={fields[name].default}")
+        else:
+            parts.append("params." + typed(name, annotations.get(name), default))
+    return ", ".join(parts)
+
+
+def table(title: str, rows: list[tuple[str, str, str]]) -> Table:
+    result = Table(title=title, title_justify="left", show_lines=False)
+    for column in ("name", "what", "parameters"):
+        result.add_column(column, overflow="fold")
+    for row in rows:
+        result.add_row(*(escape(cell) for cell in row))  # "[i, j]" is text, not markup
+    return result
+
+
+def algorithm_rows() -> list[tuple[str, str, str]]:
+    return [
+        (
+            name,
+            marked(f"{cls.summary} [{'/'.join(cls.shapes)}; {TASKS_TAKEN[cls.task_support]}]", cls),
+            param_text(cls.Params),
+        )
+        for name, cls in all_algorithms().items()
+    ]
+
+
+def source_rows() -> list[tuple[str, str, str]]:
+    return [
+        (name, marked(first_line(fn.__doc__), fn), signature_text(fn, SOURCE_ARGS))
+        for name, fn in SOURCES.items()
+    ]
+
+
+def partition_rows() -> list[tuple[str, str, str]]:
+    rows = [
+        (name, marked(spec.description, spec.build), partition_params(spec))
+        for name, spec in PARTITIONS.items()
+    ]
+    every = ("(every kind)", "quantity skew, rotation/mask groups, per-client split")
+    return [*rows, (*every, COMMON_PARTITION)]
+
+
+def model_rows() -> list[tuple[str, str, str]]:
+    return [
+        (
+            name,
+            marked(f"{cls.description} ({parameter_counts(name)})", cls),
+            signature_text(cls.__init__, ("self", "input_shape", "num_classes")),
+        )
+        for name, cls in MODELS.items()
+    ]
+
+
+def topology_rows() -> list[tuple[str, str, str]]:
+    structured = [(kind, *STRUCTURED[kind]) for kind in STRUCTURED_KINDS]
+    annotations = {
+        name: {p.name: p.annotation for p in inspect.signature(s.build).parameters.values()}
+        for name, s in TOPOLOGIES.items()
+    }
+    graphs = [
+        (
+            name,
+            marked(spec.description, spec.build),
+            ", ".join(typed(k, annotations[name].get(k), v) for k, v in spec.params.items()),
+        )
+        for name, spec in TOPOLOGIES.items()
+    ]
+    return structured + graphs
+
+
+def task_rows() -> list[tuple[str, str, str]]:
+    """Targets a task can learn, with the loss and metrics they bring."""
+    optimizers = f"optimizer: {'/'.join(OPTIMIZERS)} (lr, momentum, weight_decay)"
+    return [
+        (
+            name,
+            marked(spec.description, spec.build),
+            f"loss {spec.loss}; metrics {', '.join(spec.metrics)}; {optimizers}",
+        )
+        for name, spec in TARGETS.items()
+    ]
+
+
+def catalogue_tables() -> list[Table]:
+    """One table per registry: algorithms, datasets, partitions, models, topologies, targets."""
+    return [
+        table("algorithms (algorithm.name)", algorithm_rows()),
+        table("datasets (data.name)", source_rows()),
+        table("partitions (data.partition.kind)", partition_rows()),
+        table("models (model.name)", model_rows()),
+        table("topologies (topology.kind)", topology_rows()),
+        table("task targets (data.tasks[].targets)", task_rows()),
+    ]
+
+
+def parameter_counts(name: str) -> str:
+    """The model's parameter count with 10 outputs on grey 28x28 and colour 32x32 images."""
+    counts = []
+    for shape, label in (((1, 28, 28), "1x28x28"), ((3, 32, 32), "3x32x32")):
+        try:
+            counts.append(f"{num_params(build_model(name, shape, 10)):,} on {label}")
+        except (ValueError, RuntimeError, TypeError):  # a plugin model may refuse a shape
+            counts.append(f"- on {label}")
+    return "parameters: " + ", ".join(counts)

@@ -1,0 +1,82 @@
+"""A run's results as pandas frames: `Results`, read from a run folder (or the local staging
+folder of a run kept at a URI), and `load_results`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from raymtl.config import ConfigError
+from raymtl.metrics.recorder import Recorder
+from raymtl.runtime.storage.location import Location, fetch, is_uri
+from raymtl.runtime.storage.run_dirs import staging_dir
+
+
+@dataclass(frozen=True)
+class Results:
+    """A run's outputs: its resolved config, summary.json and every Parquet table.
+
+    `run_dir` is always a local folder holding them: for a run kept at a URI (`uri`), the
+    staging folder the driver wrote before publishing.
+    """
+
+    run_dir: Path
+    config: dict
+    summary: dict
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    uri: str | None = None
+
+    @property
+    def clients(self) -> pd.DataFrame:
+        return self.tables["clients"]
+
+    @property
+    def rounds(self) -> pd.DataFrame:
+        return self.tables["rounds"]
+
+    @property
+    def messages(self) -> pd.DataFrame:
+        return self.tables["messages"]
+
+    @property
+    def location(self) -> str:
+        """Where the run lives: its URI, or its local folder."""
+        return self.uri or str(self.run_dir)
+
+
+def results_of(where: str | Path) -> Results:
+    """The results the driver just wrote: in the run folder, or a URI run's staging folder."""
+    if not is_uri(where):
+        return read_results(Path(where))
+    return read_results(staging_dir(Location.of(str(where))), uri=str(where))
+
+
+def load_results(run_dir: str | Path) -> Results:
+    """A finished (or interrupted) run's tables as pandas frames, its config and summary; a run
+    kept at a URI is fetched into its local staging folder first."""
+    if not is_uri(run_dir):
+        return read_results(Path(run_dir))
+    store = Location.of(str(run_dir))
+    local = staging_dir(store)
+    fetch(store, local)
+    return read_results(local, uri=store.uri)
+
+
+def read_results(run_dir: Path, uri: str | None = None) -> Results:
+    run_dir = Path(run_dir).resolve()
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"run_dir: '{uri or run_dir}' has no config.yaml (not a run directory)")
+    recorder = Recorder.load(run_dir)
+    names = {"clients", "rounds", "messages", *(p.stem for p in run_dir.glob("*.parquet"))}
+    summary_path = run_dir / "summary.json"
+    return Results(
+        run_dir=run_dir,
+        config=yaml.safe_load((run_dir / "config.yaml").read_text()),
+        summary=json.loads(summary_path.read_text()) if summary_path.is_file() else {},
+        tables={name: recorder.table(name) for name in sorted(names)},
+        uri=uri,
+    )
