@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
+from raymtl.algorithms.aggregate import by_sender
 from raymtl.algorithms.base import Message, State, StepContext, client_name, index_of
-from raymtl.algorithms.fedavg import by_sender
 from raymtl.algorithms.sheaf_fmtl import DIM, VALUE, SheafFMTL, interaction_dim
 from raymtl.algorithms.training import derive_seed
 

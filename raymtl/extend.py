@@ -18,6 +18,7 @@ through a whole algorithm).
 
 from __future__ import annotations
 
+from raymtl.algorithms.aggregate import by_sender, weighted_average
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -30,7 +31,7 @@ from raymtl.algorithms.base import (
     StepContext,
     client_name,
 )
-from raymtl.algorithms.fedavg import FedAvg, by_sender, train_local_model
+from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
     derive_seed,
@@ -39,7 +40,7 @@ from raymtl.algorithms.training import (
     load_tensors,
     local_sgd,
     model_tensors,
-    weighted_average,
+    train_local_model,
 )
 from raymtl.data import Pool, register_dataset, register_partition
 from raymtl.flops import add_flops

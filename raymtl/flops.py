@@ -1,5 +1,6 @@
-"""Floating-point operations a run performs, counted by torch's FlopCounterMode once per kind
-of work and multiplied, so counting costs nothing per round.
+"""Floating-point operations a run performs, counted by torch's FlopCounterMode: a model pass
+once per kind (its cost follows from shapes alone) and multiplied; a coordinator's step every
+time it runs (its cost may follow from what its inbox holds).
 
 Two kinds of work are counted, both with `torch.utils.flop_counter.FlopCounterMode` (which
 counts the matrix products and convolutions: 2·m·n·k for an (m×k)·(k×n) product; elementwise
@@ -13,9 +14,9 @@ operations count zero):
   no compute); every later pass of that key adds the figure found. A pass under autograd
   counts its forward and one backward of every parameter that requires a gradient (the
   training step it is part of); a pass under `torch.no_grad()` counts its forward only.
-- **Coordinators' steps** (server, LPS, task leaders, graph service). `FlopMeter.step(key,
-  run)` runs the step's first occurrence of `key` (its role, step name and number of inbox
-  messages) under FlopCounterMode, and adds that figure for every later occurrence.
+- **Coordinators' steps** (server, LPS, task leaders, graph service). `FlopMeter.step(run)`
+  runs every step under FlopCounterMode: a step's cost may change from round to round with
+  the same inbox size (the communities a graph step finds, the clusters IFCA keeps).
 
 Work counted by hand: `add_passes` (the batched trainer, whose vmapped passes the module
 hooks see one client at a time) and `add_flops` (an algorithm's own products in a client's
@@ -114,11 +115,10 @@ def warm_up_counting() -> None:
 
 
 class FlopMeter:
-    """A host's FLOP counts, cached per key for the life of the host."""
+    """A host's FLOP counts: model passes cached per key for the life of the host."""
 
     def __init__(self) -> None:
         self._per_pass: dict[tuple, float] = {}
-        self._per_step: dict[tuple, float] = {}
 
     @contextlib.contextmanager
     def passes(self) -> Iterator[_Tally]:
@@ -147,16 +147,13 @@ class FlopMeter:
                 self._per_pass[key] = math.nan
         return self._per_pass[key]
 
-    def step(self, key: tuple, run: Callable[[], object]) -> tuple[object, float]:
-        """Run a coordinator's step: its result and FLOPs (measured on `key`'s first run)."""
-        if key in self._per_step:
-            return run(), self._per_step[key]
+    def step(self, run: Callable[[], object]) -> tuple[object, float]:
+        """Run a coordinator's step: its result and the FLOPs it performed."""
         from torch.utils.flop_counter import FlopCounterMode
 
         with FlopCounterMode(display=False) as counter, paused():
             result = run()
-        self._per_step[key] = float(counter.get_total_flops())
-        return result, self._per_step[key]
+        return result, float(counter.get_total_flops())
 
 
 def add_passes(module: nn.Module, inputs: torch.Tensor, training: bool, times: int) -> None:

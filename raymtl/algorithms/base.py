@@ -74,11 +74,18 @@ class Phase:
 
     who: "all" participants of the role, the round's "sampled" clients, or only
     those with messages waiting ("inbox").
+    trains: the step is the clients' local training (rounds.parquet counts its seconds and
+    FLOPs as training, and its clients as trained).
+    batched: a method that runs the step for several clients of one architecture at once,
+    `batched(states, inboxes, contexts) -> [(state, outbox), ...]`, used under
+    runtime.batch_clients > 1 (see `Algorithm.batched_step`); None: client by client.
     """
 
     role: str
     step: str
     who: Literal["all", "sampled", "inbox"] = "all"
+    trains: bool = False
+    batched: str | None = None
 
 
 @dataclass
@@ -174,9 +181,14 @@ class StepContext:
 
 
 class Params(BaseModel):
-    """Base of every algorithm's typed, frozen hyperparameters."""
+    """Base of every algorithm's typed, frozen hyperparameters: what the runtime reads of
+    every algorithm (`sample_fraction`: the "sampled" clients of a round)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    sample_fraction: float = Field(
+        1.0, gt=0, le=1, description="fraction m of clients sampled per round"
+    )
 
 
 class LocalTrainingParams(Params):
@@ -188,9 +200,6 @@ class LocalTrainingParams(Params):
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (state reset every round)")
     weight_decay: float = Field(0.0, ge=0, description="L2 weight decay")
     clip_grad: float | None = Field(None, gt=0, description="max gradient norm; null = off")
-    sample_fraction: float = Field(
-        1.0, gt=0, le=1, description="fraction m of clients sampled per round"
-    )
 
 
 # Allowed values of Algorithm's class attributes and of a Phase's role and `who`
@@ -265,14 +274,6 @@ class Algorithm:
         # model is ever built (the driver, the resource checks).
         self.model_factory = model_factory
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        # A subclass that changes `train` but inherits a batched `train_batch` (FedAvg's)
-        # would silently train the parent's way under runtime.batch_clients > 1: it gets
-        # the default back, which runs its own `train`.
-        if "train" in cls.__dict__ and "train_batch" not in cls.__dict__:
-            cls.train_batch = Algorithm.train_batch
-
     def phases(self, round_index: int, rounds: int) -> list[Phase]:
         """The ordered phases of round `round_index` (1-based) of `rounds`. Required.
 
@@ -293,23 +294,33 @@ class Algorithm:
 
     def eval_model(self, state: State) -> nn.Module:
         """The model a client is evaluated with after each round. Default: `state.model`
-        (pFedMe evaluates its personal model instead)."""
+        (pFedMe evaluates its personal model instead). An algorithm that overrides it
+        (`evaluates_its_own_model`) has every client evaluated alone, with the model it
+        returns; otherwise clients that hold the same weights are evaluated together."""
         return state.model
 
-    def train_batch(
-        self, states: list[State], inboxes: list[list[Message]], contexts: list[StepContext]
-    ) -> list[tuple[State, list[Message]]]:
-        """The client step "train" of several clients at once (runtime.batch_clients > 1):
-        one (state, outbox) per client, in order. The results must equal `train`'s.
+    @classmethod
+    def evaluates_its_own_model(cls) -> bool:
+        """Whether `eval_model` is overridden (see there): True for Ditto, pFedMe and
+        Per-FedAvg, which evaluate a personal or adapted model."""
+        return defining_class(cls, "eval_model") is not Algorithm
 
-        Default: `self.train`, client by client. FedAvg and Local override it to train
-        clients of one architecture together (batched.py). A subclass that overrides
-        `train` without overriding `train_batch` gets this default back.
+    def batched_step(self, phase: Phase) -> str | None:
+        """The method that runs `phase` for several clients at once (runtime.batch_clients
+        > 1), or None: its clients run one by one. Its results must equal the step's.
+
+        Default: `phase.batched`, where the class that defines it is the class that defines
+        `phase.step` or a subclass of it: a subclass that changes the step alone (FedProx's
+        `train`, under FedAvg's phases) runs it client by client, never its parent's
+        batched method.
         """
-        return [
-            self.train(state, inbox, ctx)
-            for state, inbox, ctx in zip(states, inboxes, contexts, strict=True)
-        ]
+        if phase.batched is None:
+            return None
+        step_owner = defining_class(type(self), phase.step)
+        batched_owner = defining_class(type(self), phase.batched)
+        if step_owner is None or batched_owner is None:
+            return None
+        return phase.batched if issubclass(batched_owner, step_owner) else None
 
     def state_size(self, model: nn.Module) -> int:
         """d_i: the size of a client's state as `persistent_bytes` counts it.
@@ -335,3 +346,8 @@ class Algorithm:
         fresh `init_state`. Default: unchanged. ColNet's task leaders pass the role to
         the next member of the group."""
         return state
+
+
+def defining_class(cls: type, attribute: str) -> type | None:
+    """The class of `cls`'s method resolution order whose own namespace defines `attribute`."""
+    return next((owner for owner in cls.__mro__ if attribute in vars(owner)), None)

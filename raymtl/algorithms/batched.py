@@ -60,7 +60,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import math
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -72,12 +74,13 @@ from torch.nn.modules.batchnorm import _NormBase
 from torch.nn.modules.dropout import _DropoutNd
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from raymtl.algorithms.base import LocalTrainingParams
-from raymtl.algorithms.training import local_sgd, params_optimizer
+from raymtl.algorithms.base import LocalTrainingParams, State
+from raymtl.algorithms.training import derive_seed, local_sgd, params_optimizer, train_local_model
 from raymtl.flops import add_passes, paused
 from raymtl.tasks.objectives import task_loss
 from raymtl.tasks.spec import OptimizerSpec, TaskSpec
 
+log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]
 
 # Absolute tolerance of the batched path against the serial one in float32 (parameters, BN
@@ -563,3 +566,45 @@ def _optimizer_spec(task: TaskSpec | None, params) -> OptimizerSpec:
 
 def _loss_name(task: TaskSpec | None) -> str:
     return "cross_entropy" if task is None else task.loss
+
+
+def train_local_models(states: list[State], contexts, params) -> None:
+    """`train_local_model` for several clients: together (torch.func vmap, batched.py) when
+    their architecture, sample count and optimiser allow it, else one after the other, with
+    a warning that says why (once per federation and reason, not every round)."""
+    datas = [state.data for state in states]
+    models, tasks = [s.model for s in states], [d.task for d in datas]
+    refusal = batch_refusal(models, datas, params, tasks) if len(states) > 1 else None
+    if len(states) < 2 or refusal is not None:
+        if refusal is not None:
+            warn_refusal_once(contexts[0].federation, type(models[0]), refusal)
+        for state, ctx in zip(states, contexts, strict=True):
+            train_local_model(state, ctx, params)
+        return
+    seeds = [derive_seed(ctx.seed, ctx.round, ctx.me, "train") for ctx in contexts]
+    xs, ys = [d.train_x for d in datas], [d.train_y for d in datas]
+    losses = local_sgd_batched(models, xs, ys, params, seeds, tasks)
+    for state, loss in zip(states, losses, strict=True):
+        state.extras["train_loss"] = loss
+
+
+# The refusals already logged, per federation: a FederationInfo is one object per host and
+# seed, so the user reads each reason once a run (per host), not in every round's warnings.
+_LOGGED: dict[int, set[tuple[str, str]]] = {}
+
+
+def warn_refusal_once(federation, model_class: type, refusal: Refusal) -> None:
+    """Log why clients of `model_class` train one at a time, unless `federation` already
+    did for that reason."""
+    name = getattr(model_class, "name", model_class.__name__)  # a FedModel's registry name
+    if id(federation) not in _LOGGED:
+        _LOGGED[id(federation)] = set()
+        weakref.finalize(federation, _LOGGED.pop, id(federation), None)
+    if (name, refusal.reason) in _LOGGED[id(federation)]:
+        return
+    _LOGGED[id(federation)].add((name, refusal.reason))
+    log.warning(
+        "runtime.batch_clients > 1 but clients of model %s train one at a time: %s",
+        name,
+        refusal,
+    )

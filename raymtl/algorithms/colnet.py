@@ -38,6 +38,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
+from raymtl.algorithms.aggregate import by_sender, weighted_average
 from raymtl.algorithms.base import (
     Algorithm,
     LocalTrainingParams,
@@ -47,10 +48,9 @@ from raymtl.algorithms.base import (
     index_of,
     leader_name,
 )
-from raymtl.algorithms.fedavg import by_sender, train_local_model
 from raymtl.algorithms.hca import conflict_averse_update
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import derive_seed, load_tensors, model_tensors, weighted_average
+from raymtl.algorithms.training import derive_seed, load_tensors, model_tensors, train_local_model
 
 BACKBONE = ("backbone.",)
 NEXT_LEADER = "next_leader"  # the announced holder of the group's leadership next round
@@ -113,8 +113,11 @@ class IntraGroup(Algorithm):
 
     def phases(self, round_index, rounds):
         if round_index == rounds:
-            return [Phase("client", "train", "all")]
-        return [Phase("client", "train", "all"), Phase("client", "intra_average", "all")]
+            return [Phase("client", "train", "all", trains=True)]
+        return [
+            Phase("client", "train", "all", trains=True),
+            Phase("client", "intra_average", "all"),
+        ]
 
     def train(self, state, inbox, ctx):
         if self.uses_leaders:  # b_g⁰, for the hand-off should this client hold the leadership
@@ -149,7 +152,7 @@ class ColNet(IntraGroup):
 
     def phases(self, round_index, rounds):
         if round_index == rounds:
-            return [Phase("client", "train", "all")]
+            return [Phase("client", "train", "all", trains=True)]
         return [
             *super().phases(round_index, rounds),
             Phase("leader", "cross_exchange", "inbox"),

@@ -31,7 +31,7 @@ from pydantic import Field
 from torch import nn
 
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message, State
-from raymtl.algorithms.fedavg import FedAvg, train_local_model
+from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
@@ -39,6 +39,7 @@ from raymtl.algorithms.training import (
     load_tensors,
     local_sgd,
     model_tensors,
+    train_local_model,
 )
 from raymtl.tasks.objectives import task_loss
 

@@ -14,10 +14,10 @@ There is no server: models move peer to peer.
 
 from __future__ import annotations
 
+from raymtl.algorithms.aggregate import by_sender, weighted_average
 from raymtl.algorithms.base import Algorithm, Message, Phase, client_name, index_of
-from raymtl.algorithms.fedavg import by_sender, train_local_model
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import load_tensors, model_tensors, weighted_average
+from raymtl.algorithms.training import load_tensors, model_tensors, train_local_model
 
 
 def mix(own: dict, own_weight: float, inbox: list[Message], weights: dict[int, float]):
@@ -34,7 +34,7 @@ class DPSGD(Algorithm):
     shapes = ("peer",)
 
     def phases(self, round_index, rounds):
-        return [Phase("client", "train", "all"), Phase("client", "combine", "all")]
+        return [Phase("client", "train", "all", trains=True), Phase("client", "combine", "all")]
 
     def train(self, state, inbox, ctx):
         train_local_model(state, ctx, self.params)

@@ -18,8 +18,8 @@ Local: every client trains on its own data only; nothing is transmitted.
 from __future__ import annotations
 
 import logging
-import weakref
 
+from raymtl.algorithms.aggregate import by_sender, weighted_average
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -29,75 +29,16 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.batched import Refusal, batch_refusal, local_sgd_batched
+from raymtl.algorithms.batched import train_local_models
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
-    derive_seed,
     load_received,
     load_tensors,
-    local_sgd,
     model_tensors,
-    weighted_average,
+    train_local_model,
 )
 
 log = logging.getLogger(__name__)
-
-
-def train_local_model(state: State, ctx, params) -> float:
-    """One round of plain local SGD on the client's own data (shared by algorithms)."""
-    data = state.data
-    seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
-    # The client's task decides its loss and optimiser (None: cross-entropy, the params' SGD).
-    loss = local_sgd(state.model, data.train_x, data.train_y, params, seed, task=data.task)
-    state.extras["train_loss"] = loss
-    return loss
-
-
-def train_local_models(states: list[State], contexts, params) -> None:
-    """`train_local_model` for several clients: together (torch.func vmap, batched.py) when
-    their architecture, sample count and optimiser allow it, else one after the other, with
-    a warning that says why (once per federation and reason, not every round)."""
-    datas = [state.data for state in states]
-    models, tasks = [s.model for s in states], [d.task for d in datas]
-    refusal = batch_refusal(models, datas, params, tasks) if len(states) > 1 else None
-    if len(states) < 2 or refusal is not None:
-        if refusal is not None:
-            warn_refusal_once(contexts[0].federation, type(models[0]), refusal)
-        for state, ctx in zip(states, contexts, strict=True):
-            train_local_model(state, ctx, params)
-        return
-    seeds = [derive_seed(ctx.seed, ctx.round, ctx.me, "train") for ctx in contexts]
-    xs, ys = [d.train_x for d in datas], [d.train_y for d in datas]
-    losses = local_sgd_batched(models, xs, ys, params, seeds, tasks)
-    for state, loss in zip(states, losses, strict=True):
-        state.extras["train_loss"] = loss
-
-
-# The refusals already logged, per federation: a FederationInfo is one object per host and
-# seed, so the user reads each reason once a run (per host), not in every round's warnings.
-_LOGGED: dict[int, set[tuple[str, str]]] = {}
-
-
-def warn_refusal_once(federation, model_class: type, refusal: Refusal) -> None:
-    """Log why clients of `model_class` train one at a time, unless `federation` already
-    did for that reason."""
-    name = getattr(model_class, "name", model_class.__name__)  # a FedModel's registry name
-    if id(federation) not in _LOGGED:
-        _LOGGED[id(federation)] = set()
-        weakref.finalize(federation, _LOGGED.pop, id(federation), None)
-    if (name, refusal.reason) in _LOGGED[id(federation)]:
-        return
-    _LOGGED[id(federation)].add((name, refusal.reason))
-    log.warning(
-        "runtime.batch_clients > 1 but clients of model %s train one at a time: %s",
-        name,
-        refusal,
-    )
-
-
-def by_sender(inbox: list[Message]) -> list[Message]:
-    """Messages in a fixed order (by sender), so sums are order independent."""
-    return sorted(inbox, key=lambda message: (message.src, message.kind))
 
 
 @register
@@ -110,7 +51,7 @@ class FedAvg(Algorithm):
     def phases(self, round_index, rounds):
         return [
             Phase("server", "broadcast", "all"),
-            Phase("client", "train", "sampled"),
+            Phase("client", "train", "sampled", trains=True, batched="train_batch"),
             Phase("server", "aggregate", "inbox"),
         ]
 
@@ -168,7 +109,7 @@ class Local(Algorithm):
     model_support = "different"
 
     def phases(self, round_index, rounds):
-        return [Phase("client", "train", "all")]
+        return [Phase("client", "train", "all", trains=True, batched="train_batch")]
 
     def train(self, state, inbox, ctx):
         train_local_model(state, ctx, self.params)

@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from raymtl.algorithms.aggregate import by_sender, is_finite
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -38,7 +39,6 @@ from raymtl.algorithms.base import (
     index_of,
     role_of,
 )
-from raymtl.algorithms.fedavg import by_sender, train_local_model
 from raymtl.algorithms.muscle import (
     gamma_of,
     muscle_loss,
@@ -47,7 +47,7 @@ from raymtl.algorithms.muscle import (
     tuple_targets,
 )
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import derive_seed, is_finite, sample_size
+from raymtl.algorithms.training import derive_seed, sample_size, train_local_model
 
 MIB = 2**20
 
@@ -78,7 +78,7 @@ class RepresentationAlignment(Algorithm):
     uses_public = True
 
     def phases(self, round_index, rounds):
-        steps = [Phase("client", "train", "sampled")]
+        steps = [Phase("client", "train", "sampled", trains=True)]
         for _ in range(self.params.contrastive_steps):
             steps += [
                 Phase("server", "pick", "all"),

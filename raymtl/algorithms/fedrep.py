@@ -31,16 +31,11 @@ from contextlib import contextmanager
 from pydantic import Field
 from torch import nn
 
+from raymtl.algorithms.aggregate import by_sender, weighted_average
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message, client_name, index_of
-from raymtl.algorithms.fedavg import FedAvg, by_sender
+from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import (
-    derive_seed,
-    load_received,
-    local_sgd,
-    model_tensors,
-    weighted_average,
-)
+from raymtl.algorithms.training import derive_seed, load_received, local_sgd, model_tensors
 
 BODY, HEAD = "backbone.", "head."
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from raymtl.algorithms.aggregate import by_sender, is_finite
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -39,14 +40,13 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.fedavg import by_sender, train_local_model
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
-    is_finite,
     load_received,
     load_tensors,
     model_tensors,
+    train_local_model,
 )
 
 Tensors = dict[str, torch.Tensor]
@@ -245,7 +245,7 @@ class FedU(Algorithm):
 
     def phases(self, round_index, rounds):
         return [
-            Phase("client", "train", "sampled"),
+            Phase("client", "train", "sampled", trains=True),
             Phase("server", "regularise", "inbox"),
             Phase("client", "receive", "inbox"),
         ]
@@ -277,7 +277,7 @@ class DFedU(Algorithm):
     shapes = ("peer",)
 
     def phases(self, round_index, rounds):
-        return [Phase("client", "train", "all"), Phase("client", "regularise", "all")]
+        return [Phase("client", "train", "all", trains=True), Phase("client", "regularise", "all")]
 
     def train(self, state, inbox, ctx):
         train_local_model(state, ctx, self.params)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from raymtl.algorithms.aggregate import by_sender, weighted_average
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -28,10 +29,15 @@ from raymtl.algorithms.base import (
     index_of,
     lps_name,
 )
-from raymtl.algorithms.fedavg import by_sender, train_local_model
-from raymtl.algorithms.hierarchy import common_of, lps_broadcast, shape_average, signature
+from raymtl.algorithms.hierarchy import (
+    CommonLayers,
+    common_of,
+    lps_broadcast,
+    shape_average,
+    signature,
+)
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import load_received, model_tensors, weighted_average
+from raymtl.algorithms.training import load_received, model_tensors, train_local_model
 
 
 class HFedAvgParams(LocalTrainingParams):
@@ -49,29 +55,18 @@ def lps_samples(federation, lps: int) -> int:
 
 
 @register
-class HFedAvg(Algorithm):
+class HFedAvg(CommonLayers, Algorithm):
     name = "hfedavg"
     summary = "Hierarchical FedAvg: LPSs average their users, the GPS averages common layers"
     Params = HFedAvgParams
     shapes = ("hierarchical",)
     task_support = "different"
 
-    def __init__(self, params, model_factory):
-        super().__init__(params, model_factory)
-        self._model_common: tuple[str, ...] | None = None  # the model's own, once built
-
     def phases(self, round_index, rounds):
-        phases = [Phase("client", "train", "all"), Phase("lps", "aggregate", "inbox")]
+        phases = [Phase("client", "train", "all", trains=True), Phase("lps", "aggregate", "inbox")]
         if round_index % self.params.global_every == 0:
             phases.append(Phase("server", "aggregate_common", "inbox"))
         return phases + [Phase("lps", "broadcast", "all"), Phase("client", "receive", "inbox")]
-
-    def common_prefixes(self) -> tuple[str, ...]:
-        if self.params.common_prefixes is not None:
-            return tuple(self.params.common_prefixes)
-        if self._model_common is None:  # the model's own: build one to ask it
-            self._model_common = tuple(self.model_factory(SERVER, 1).common_prefixes())
-        return self._model_common
 
     def train(self, state, inbox, ctx):
         train_local_model(state, ctx, self.params)

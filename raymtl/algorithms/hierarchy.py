@@ -16,8 +16,8 @@ from collections import defaultdict
 
 import torch
 
-from raymtl.algorithms.base import Message, client_name
-from raymtl.algorithms.training import is_finite, weighted_average
+from raymtl.algorithms.aggregate import is_finite, weighted_average
+from raymtl.algorithms.base import SERVER, Message, client_name
 
 COMMON = -1  # the task key of common layers
 
@@ -95,3 +95,17 @@ def lps_broadcast(state, gps_inbox, keys_by_client: dict, me: str) -> list[Messa
         payloads.setdefault(cache_key, pick(store, keys))  # stored once per key set
         outbox.append(Message(me, client_name(client), "lps_model", payloads[cache_key]))
     return outbox
+
+
+class CommonLayers:
+    """What the GPS of hierarchical FL averages: `algorithm.params.common_prefixes`, or the
+    model's own `common_prefixes()` (a model is built once to ask it)."""
+
+    _model_common: tuple[str, ...] | None = None  # the model's own, once asked
+
+    def common_prefixes(self) -> tuple[str, ...]:
+        if self.params.common_prefixes is not None:
+            return tuple(self.params.common_prefixes)
+        if self._model_common is None:
+            self._model_common = tuple(self.model_factory(SERVER, 1).common_prefixes())
+        return self._model_common

@@ -36,6 +36,7 @@ import math
 import torch
 from pydantic import Field
 
+from raymtl.algorithms.aggregate import by_sender, weighted_average
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -46,14 +47,13 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.fedavg import by_sender, train_local_model
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
     evaluate,
     load_tensors,
     model_tensors,
-    weighted_average,
+    train_local_model,
 )
 
 CLUSTER = "cluster"  # the int64 entry of a client's upload: its pick ĵ
@@ -140,7 +140,7 @@ class IFCA(Algorithm):
     def phases(self, round_index, rounds):
         return [
             Phase("server", "broadcast", "all"),
-            Phase("client", "train", "sampled"),
+            Phase("client", "train", "sampled", trains=True),
             Phase("server", "aggregate", "inbox"),
             Phase("client", "choose", "inbox"),
         ]

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from raymtl.algorithms.aggregate import by_sender
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -40,8 +41,8 @@ from raymtl.algorithms.base import (
     index_of,
     lps_name,
 )
-from raymtl.algorithms.fedavg import by_sender, train_local_model
 from raymtl.algorithms.hierarchy import (
+    CommonLayers,
     common_of,
     lps_broadcast,
     replies_by_signature,
@@ -49,7 +50,7 @@ from raymtl.algorithms.hierarchy import (
     signature,
 )
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import derive_seed, load_received, model_tensors
+from raymtl.algorithms.training import derive_seed, load_received, model_tensors, train_local_model
 from raymtl.data.features import feature_map
 from raymtl.graph import clustering as hac
 
@@ -78,7 +79,7 @@ def lps_of(labels) -> list[int]:
 
 
 @register
-class OneShotHFL(Algorithm):
+class OneShotHFL(CommonLayers, Algorithm):
     name = "oneshot_hfl"
     summary = "One-shot data-similarity clustering of users into LPSs, then hierarchical FedAvg"
     Params = OneShotHFLParams
@@ -86,13 +87,9 @@ class OneShotHFL(Algorithm):
     uses_graph = True
     task_support = "different"
 
-    def __init__(self, params, model_factory):
-        super().__init__(params, model_factory)
-        self._model_common: tuple[str, ...] | None = None  # the model's own, once built
-
     def phases(self, round_index, rounds):
         phases = self.clustering_phases() if round_index == 1 else []
-        phases += [Phase("client", "train", "all"), Phase("lps", "aggregate", "inbox")]
+        phases += [Phase("client", "train", "all", trains=True), Phase("lps", "aggregate", "inbox")]
         if round_index % self.params.global_every == 0:
             phases.append(Phase("server", "aggregate_common", "inbox"))
         return phases + [Phase("lps", "broadcast", "all"), Phase("client", "receive", "inbox")]
@@ -199,13 +196,6 @@ class OneShotHFL(Algorithm):
         train_local_model(state, ctx, self.params)
         lps = lps_name(state.extras["lps"])
         return state, [Message(ctx.me, lps, "model", model_tensors(state.model))]
-
-    def common_prefixes(self) -> tuple[str, ...]:
-        if self.params.common_prefixes is not None:
-            return tuple(self.params.common_prefixes)
-        if self._model_common is None:  # the model's own: build one to ask it
-            self._model_common = tuple(self.model_factory(SERVER, 1).common_prefixes())
-        return self._model_common
 
     def aggregate(self, state, inbox, ctx):
         samples = ctx.federation.samples

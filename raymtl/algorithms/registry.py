@@ -25,8 +25,9 @@ from raymtl.algorithms.base import (
     Algorithm,
     Params,
 )
+from raymtl.registry import Registry, identity
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm.name")
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
@@ -34,14 +35,7 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     `cls.name`. Re-running the module that defines it (a plugin imported again) replaces
     the entry; another class under a taken name is refused."""
     check_contract(cls)
-    known = ALGORITHMS.get(cls.name)
-    if known is not None and _identity(known) != _identity(cls):
-        raise ValueError(
-            f"algorithm.name: '{cls.name}' is registered twice "
-            f"({_identity(known)} and {_identity(cls)})"
-        )
-    ALGORITHMS[cls.name] = cls
-    return cls
+    return ALGORITHMS.add(cls.name, cls)
 
 
 register_algorithm = register
@@ -49,7 +43,7 @@ register_algorithm = register
 
 def check_contract(cls: type) -> None:
     """Raise a one-line ValueError naming `cls` and what breaks the `Algorithm` contract."""
-    where = f"algorithm class {_identity(cls)}"
+    where = f"algorithm class {identity(cls)}"
     problem = _contract_problem(cls)
     if problem:
         raise ValueError(f"{where}: {problem}")
@@ -107,21 +101,20 @@ def _steps_problem(cls: type[Algorithm]) -> str | None:
                     f"phases({round_index}, 2) names step '{phase.step}' ({phase.role}), "
                     "which it does not define"
                 )
+            if phase.batched is not None and phase.role != "client":
+                return f"phase '{phase.step}' ({phase.role}) is batched: only client phases are"
+            if phase.batched is not None and not callable(getattr(cls, phase.batched, None)):
+                return (
+                    f"phase '{phase.step}' names batched step '{phase.batched}', which it "
+                    "does not define"
+                )
     return None
-
-
-def _identity(cls) -> str:
-    """module.QualifiedName of a class (what tells a re-import from another class)."""
-    return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', repr(cls))}"
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
     """The algorithm class registered as `name` (one-line error otherwise)."""
     _load_builtin()
-    if name not in ALGORITHMS:
-        allowed = ", ".join(sorted(ALGORITHMS))
-        raise ValueError(f"algorithm.name: '{name}' is not one of {allowed}")
-    return ALGORITHMS[name]
+    return ALGORITHMS.lookup(name)
 
 
 def all_algorithms() -> dict[str, type[Algorithm]]:

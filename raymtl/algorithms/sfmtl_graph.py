@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from raymtl.algorithms.aggregate import by_sender, is_finite
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -37,16 +38,9 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.fedavg import by_sender
 from raymtl.algorithms.fedu import laplacian_step
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import (
-    derive_seed,
-    is_finite,
-    load_tensors,
-    local_sgd,
-    model_tensors,
-)
+from raymtl.algorithms.training import derive_seed, load_tensors, local_sgd, model_tensors
 from raymtl.graph.communities import detect_communities, modularity
 from raymtl.graph.similarity import similarity_graph, view_from_payload
 
@@ -179,7 +173,7 @@ class SFMTLGraph(Algorithm):
 
     def phases(self, round_index, rounds):
         return [
-            Phase("client", "train", "sampled"),
+            Phase("client", "train", "sampled", trains=True),
             Phase("server", "forward", "inbox"),
             Phase("graph", "communities", "inbox"),
             Phase("server", "aggregate", "inbox"),

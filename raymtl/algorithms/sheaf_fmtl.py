@@ -53,6 +53,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from raymtl.algorithms.aggregate import by_sender
 from raymtl.algorithms.base import (
     Algorithm,
     LocalTrainingParams,
@@ -61,7 +62,6 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.fedavg import by_sender
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import derive_seed, load_tensors, local_sgd, model_tensors
 from raymtl.flops import add_flops
@@ -137,7 +137,7 @@ class SheafFMTL(Algorithm):
         first = [Phase("client", "announce_dim", "all")] if round_index == 1 else []
         return [
             *first,
-            Phase("client", "train", "all"),
+            Phase("client", "train", "all", trains=True),
             Phase("client", "theta_step", "all"),
             Phase("client", "map_step", "all"),
         ]

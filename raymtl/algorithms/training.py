@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 import torch
 from torch import nn
 
-from raymtl.algorithms.base import LocalTrainingParams, Message
+from raymtl.algorithms.base import LocalTrainingParams, Message, State
 from raymtl.tasks.objectives import build_optimizer, evaluate_task, task_loss
 from raymtl.tasks.spec import OptimizerSpec, TaskSpec
 
@@ -117,37 +117,11 @@ def load_received(model: nn.Module, inbox: Sequence[Message]) -> None:
         load_tensors(model, message.tensors)
 
 
-def is_finite(tensors: dict[str, torch.Tensor]) -> bool:
-    """True when no tensor holds NaN or inf (non-finite updates are never aggregated)."""
-    return all(bool(torch.isfinite(t).all()) for t in tensors.values())
-
-
-def weighted_average(
-    updates: Iterable[tuple[dict[str, torch.Tensor], float]],
-) -> dict[str, torch.Tensor] | None:
-    """Σ_k w_k·x_k / Σ_k w_k over finite updates; None when none is usable.
-
-    The caller fixes the order of `updates` (sorted by sender) so the float sum
-    is the same whatever order the messages arrived in.
-    """
-    finite = []
-    for tensors, weight in updates:
-        if is_finite(tensors):
-            finite.append((tensors, weight))
-        else:
-            log.warning("rejected a non-finite update (not aggregated)")
-    total = sum(weight for _, weight in finite)
-    if not finite or total <= 0:
-        return None
-    return weighted_sum(finite, total)
-
-
-def weighted_sum(
-    updates: list[tuple[dict[str, torch.Tensor], float]], total: float
-) -> dict[str, torch.Tensor]:
-    """Σ_k (w_k/total)·x_k for every name of the first update, summed in the order given
-    (the tensor part of `weighted_average`, where the updates are)."""
-    return {
-        name: sum(tensors[name] * (weight / total) for tensors, weight in updates)
-        for name in updates[0][0]
-    }
+def train_local_model(state: State, ctx, params) -> float:
+    """One round of plain local SGD on the client's own data (shared by algorithms)."""
+    data = state.data
+    seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
+    # The client's task decides its loss and optimiser (None: cross-entropy, the params' SGD).
+    loss = local_sgd(state.model, data.train_x, data.train_y, params, seed, task=data.task)
+    state.extras["train_loss"] = loss
+    return loss

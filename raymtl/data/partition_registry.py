@@ -25,11 +25,11 @@ affinity marks, else the partition is refused.
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+from raymtl.registry import NAME, Registry
+
 # The positional arguments of an affinity function, in order.
 AFFINITY_ARGS = ("class_counts", "num_clients", "rng")
 
@@ -47,7 +47,7 @@ class PartitionSpec:
 
 
 REQUIRED = inspect.Parameter.empty
-PARTITIONS: dict[str, PartitionSpec] = {}
+PARTITIONS: Registry[PartitionSpec] = Registry("data.partition.kind", lambda spec: spec.build)
 
 
 def register_partition(
@@ -60,7 +60,7 @@ def register_partition(
 
     def decorator(build: Callable) -> Callable:
         spec = partition_spec(name, build, shards, assigns_tasks, holds_every_class)
-        PARTITIONS[name] = spec
+        PARTITIONS.add(name, spec)
         return build
 
     return decorator
@@ -73,9 +73,9 @@ def partition_spec(name, build, shards, assigns_tasks, holds_every_class) -> Par
     where = f"register_partition('{name}')"
     if not callable(build):
         raise ValueError(f"{where}: {build!r} is not a function")
-    registered = PARTITIONS.get(name)
-    if registered is not None and not _same(registered.build, build):
-        raise ValueError(f"data.partition.kind: '{name}' is registered twice")
+    refusal = PARTITIONS.clash(name, PartitionSpec(build, "", {}))
+    if refusal is not None:
+        raise ValueError(refusal)
     parameters = list(inspect.signature(build).parameters.values())
     if not shards:
         positional = [p for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY]
@@ -97,8 +97,3 @@ def get_partition(kind: str) -> PartitionSpec:
     if kind not in PARTITIONS:
         raise ValueError(f"partition.kind: {kind!r} is not one of {', '.join(PARTITIONS)}")
     return PARTITIONS[kind]
-
-
-def _same(registered: Callable, new: Callable) -> bool:
-    key = ("__module__", "__qualname__")
-    return all(getattr(registered, k, None) == getattr(new, k, None) for k in key)

@@ -16,16 +16,16 @@ it per client.
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from raymtl.registry import NAME, Registry
+
 # Arguments every source takes (and `seed`, given to the sources that ask for it); the
 # other keyword parameters are the source's own (`data.params`).
 COMMON_ARGS = ("root", "download", "seed")
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class DatasetMissing(ValueError):
     """The dataset is not on disk and may not be downloaded."""
 
 
-SOURCES: dict[str, Callable[..., Pool]] = {}
+SOURCES: Registry[Callable[..., Pool]] = Registry("data.name")
 
 
 def register_dataset(name: str) -> Callable[[Callable[..., Pool]], Callable[..., Pool]]:
@@ -57,8 +57,7 @@ def register_dataset(name: str) -> Callable[[Callable[..., Pool]], Callable[...,
 
     def decorator(loader: Callable[..., Pool]) -> Callable[..., Pool]:
         check_source(name, loader)
-        SOURCES[name] = loader
-        return loader
+        return SOURCES.add(name, loader)
 
     return decorator
 
@@ -70,8 +69,9 @@ def check_source(name: object, loader: object) -> None:
     where = f"register_dataset('{name}')"
     if not callable(loader):
         raise ValueError(f"{where}: {loader!r} is not a function fn(root, download, **params)")
-    if name in SOURCES and not same_definition(SOURCES[name], loader):
-        raise ValueError(f"data.name: '{name}' is registered twice")
+    refusal = SOURCES.clash(name, loader)
+    if refusal is not None:
+        raise ValueError(refusal)
     parameters = inspect.signature(loader).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     missing = [arg for arg in ("root", "download") if arg not in parameters]
@@ -88,12 +88,6 @@ def check_source(name: object, loader: object) -> None:
                 f"{where}: parameter '{parameter.name}' of {loader.__qualname__} needs a "
                 "default (data.params may leave it out)"
             )
-
-
-def same_definition(registered: object, new: object) -> bool:
-    """Whether `new` is `registered` again (a module imported twice, a notebook cell re-run)."""
-    key = ("__module__", "__qualname__")
-    return all(getattr(registered, k, None) == getattr(new, k, None) for k in key)
 
 
 def source_params(name: str) -> dict[str, inspect.Parameter]:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from raymtl.registry import NAME, Registry
 
 if TYPE_CHECKING:  # imported where a graph is built: hosts that only train never load it
     import networkx as nx
@@ -41,10 +42,9 @@ class TopologySpec:
         return self.build(num_nodes, seed, **params)
 
 
-TOPOLOGIES: dict[str, TopologySpec] = {}
+TOPOLOGIES: Registry[TopologySpec] = Registry("topology.kind", lambda spec: spec.build)
 # Topology kinds that are no peer graph: the shapes the runtime builds itself.
 STRUCTURED_KINDS = ("star", "hierarchical", "none", "groups")
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 def register_topology(
@@ -58,7 +58,7 @@ def register_topology(
     """
 
     def decorator(build: Callable[..., nx.Graph]) -> Callable[..., nx.Graph]:
-        TOPOLOGIES[name] = topology_spec(name, build, description, params)
+        TOPOLOGIES.add(name, topology_spec(name, build, description, params))
         return build
 
     return decorator
@@ -73,9 +73,9 @@ def topology_spec(name, build, description, params) -> TopologySpec:
         raise ValueError(f"{where}: '{name}' is a built-in shape, not a peer graph name")
     if not callable(build):
         raise ValueError(f"{where}: {build!r} is not a function fn(num_nodes, seed, *, params)")
-    registered = TOPOLOGIES.get(name)
-    if registered is not None and not _same(registered.build, build):
-        raise ValueError(f"topology.kind: '{name}' is registered twice")
+    refusal = TOPOLOGIES.clash(name, TopologySpec(build, "", {}))
+    if refusal is not None:
+        raise ValueError(refusal)
     parameters = inspect.signature(build).parameters.values()
     positional = [p.name for p in parameters if p.kind is not inspect.Parameter.KEYWORD_ONLY]
     if len(positional) != 2:
@@ -121,11 +121,6 @@ def _check_graph(kind: str, graph: object, num_nodes: int) -> nx.Graph:
         components = nx.number_connected_components(graph)
         raise ValueError(f"topology.kind: {kind} gave a graph of {components} components")
     return graph
-
-
-def _same(registered: Callable, new: Callable) -> bool:
-    key = ("__module__", "__qualname__")
-    return all(getattr(registered, k, None) == getattr(new, k, None) for k in key)
 
 
 @register_topology("complete")

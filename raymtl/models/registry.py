@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODELS: dict[str, type[FedModel]] = {}
+from raymtl.registry import Registry, identity
+
+MODELS: Registry[type[FedModel]] = Registry("model.name")
 
 # Constructor arguments every model takes; everything after them is a model parameter.
 _COMMON_ARGS = ("self", "input_shape", "num_classes")
@@ -103,12 +105,9 @@ def register(cls: type[FedModel]) -> type[FedModel]:
     name another class holds; the same class again (its module imported twice) replaces it.
     """
     check_contract(cls)
-    known = MODELS.get(cls.name)
-    if known is not None and _identity(known) != _identity(cls):
-        raise ValueError(
-            f"model.name: '{cls.name}' is registered twice ({_identity(known)} and "
-            f"{_identity(cls)})"
-        )
+    refusal = MODELS.clash(cls.name, cls)
+    if refusal is not None:
+        raise ValueError(refusal)
     signature = inspect.signature(cls.__init__)
     cls.params = {
         arg: parameter.default
@@ -116,8 +115,7 @@ def register(cls: type[FedModel]) -> type[FedModel]:
         if arg not in _COMMON_ARGS
         and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     }
-    MODELS[cls.name] = cls
-    return cls
+    return MODELS.add(cls.name, cls)
 
 
 register_model = register
@@ -127,7 +125,7 @@ def check_contract(cls: object) -> None:
     """Raise a one-line ValueError naming `cls` and what breaks the FedModel contract."""
     if not (isinstance(cls, type) and issubclass(cls, FedModel)):
         raise ValueError(f"model {cls!r}: is not a subclass of raymtl's FedModel")
-    where = f"model class {_identity(cls)}"
+    where = f"model class {identity(cls)}"
     if not isinstance(cls.name, str) or not cls.name.strip():
         raise ValueError(f"{where}: declares no `name` (the string model.name uses)")
     if not isinstance(cls.description, str):
@@ -159,18 +157,13 @@ def check_model_params(name: str, params: dict) -> None:
             )
 
 
-def _identity(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def build_model(
     name: str, input_shape: tuple[int, int, int], num_classes: int, **params: object
 ) -> FedModel:
     """Instantiate the model registered as `name` (one-line ValueError on bad input)."""
-    if name not in MODELS:
-        raise ValueError(f"model.name: '{name}' is not one of {', '.join(sorted(MODELS))}")
+    model_cls = MODELS.lookup(name)
     check_model_params(name, params)
-    return MODELS[name](check_input_shape(input_shape), check_num_classes(num_classes), **params)
+    return model_cls(check_input_shape(input_shape), check_num_classes(num_classes), **params)
 
 
 def check_input_shape(input_shape: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -20,19 +20,17 @@ head then has k outputs; (N,) class ids 0..k-1 for cross_entropy, with k class `
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from raymtl.registry import NAME, Registry
 from raymtl.tasks.spec import METRICS_OF_LOSS
 
 if TYPE_CHECKING:  # tasks compute targets from a data set's pool; data builds on tasks
     from raymtl.data.source_registry import Pool
-
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -59,15 +57,17 @@ class TargetSpec:
         return self.build is None
 
 
-TARGETS: dict[str, TargetSpec] = {
-    "label": TargetSpec(
+TARGETS: Registry[TargetSpec] = Registry("data.tasks.targets", lambda spec: spec.build)
+TARGETS.add(
+    "label",
+    TargetSpec(
         "label",
         "cross_entropy",
         METRICS_OF_LOSS["cross_entropy"],
         None,
         "the source's classes (relabelled to a task's classes)",
-    )
-}
+    ),
+)
 
 
 def register_target(
@@ -81,7 +81,7 @@ def register_target(
     decorator for it. Raises a one-line ValueError for a target that breaks the contract."""
 
     def decorator(function: Callable[[Pool], Targets]) -> Callable[[Pool], Targets]:
-        TARGETS[name] = target_spec(name, loss, metrics, function, description)
+        TARGETS.add(name, target_spec(name, loss, metrics, function, description))
         return function
 
     return decorator if build is None else decorator(build)
@@ -101,9 +101,9 @@ def target_spec(name, loss, metrics, build, description) -> TargetSpec:
         raise ValueError(f"{where}: metrics of loss {loss} are some of {', '.join(allowed)}")
     if not callable(build) or len(_positional(build)) != 1:
         raise ValueError(f"{where}: build must be a function build(pool) -> Targets")
-    registered = TARGETS.get(name)
-    if registered is not None and not _same(registered.build, build):
-        raise ValueError(f"data.tasks.targets: '{name}' is registered twice")
+    refusal = TARGETS.clash(name, TargetSpec(name, loss, metrics, build, ""))
+    if refusal is not None:
+        raise ValueError(refusal)
     text = description or (inspect.getdoc(build) or "").strip()
     return TargetSpec(name, loss, metrics, build, text.splitlines()[0] if text else "")
 
@@ -176,8 +176,3 @@ def _positional(function: Callable) -> list[inspect.Parameter]:
         return []
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return [p for p in parameters if p.kind in kinds and p.default is inspect.Parameter.empty]
-
-
-def _same(registered: Callable | None, new: Callable) -> bool:
-    key = ("__module__", "__qualname__")
-    return all(getattr(registered, k, None) == getattr(new, k, None) for k in key)

@@ -10,6 +10,7 @@ import torch
 from pydantic import BaseModel
 
 from raymtl.algorithms import all_algorithms, get_algorithm
+from raymtl.algorithms.aggregate import is_finite, weighted_average
 from raymtl.algorithms.base import (
     Algorithm,
     FederationInfo,
@@ -21,7 +22,7 @@ from raymtl.algorithms.base import (
 )
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import ALGORITHMS, check_contract, register, register_algorithm
-from raymtl.algorithms.training import is_finite, load_received, weighted_average
+from raymtl.algorithms.training import load_received
 from raymtl.data.client_data import ClientData
 from raymtl.models import build_model
 
@@ -172,7 +173,7 @@ class Minimal(Algorithm):
     name = "minimal_for_tests"
 
     def phases(self, round_index, rounds):
-        return [Phase("client", "train", "all")]
+        return [Phase("client", "train", "all", trains=True)]
 
     def train(self, state, inbox, ctx):
         return state, []
@@ -275,8 +276,9 @@ def test_the_base_hooks_have_their_documented_defaults():
     assert algorithm.persistent_bytes([9], federation) is None
     assert algorithm.check_resources(federation, 1.0) is None
     assert algorithm.rehost("client/0", client) is client
-    contexts = [context("client/0", federation)]
-    assert algorithm.train_batch([client], [[]], contexts) == [(client, [])]
+    assert algorithm.batched_step(Phase("client", "train", trains=True)) is None
+    assert not Minimal.evaluates_its_own_model()
+    assert get_algorithm("ditto").evaluates_its_own_model()
 
 
 def test_a_subclass_that_changes_train_never_trains_as_its_parent_in_batches():
@@ -290,15 +292,32 @@ def test_a_subclass_that_changes_train_never_trains_as_its_parent_in_batches():
     class Momentum(FedAvg):  # changes the server only: FedAvg's batched step still holds
         name = "momentum_for_tests"
 
-    assert FedAvg.train_batch is not Algorithm.train_batch
-    assert Doubling.train_batch is Algorithm.train_batch
-    assert Momentum.train_batch is FedAvg.train_batch
-    assert get_algorithm("pfedme").train_batch is Algorithm.train_batch
-    states = [State(), State()]
-    federation = FederationInfo(2, (1, 1), (2, 2), (1, 1, 2))
-    contexts = [context(f"client/{i}", federation) for i in range(2)]
-    results = Doubling(Doubling.Params(), None).train_batch(states, [[], []], contexts)
-    assert [state.extras["trained_by"] for state, _ in results] == ["doubling"] * 2
+    (train,) = [p for p in FedAvg(FedAvg.Params(), None).phases(1, 1) if p.trains]
+    assert train.batched == "train_batch"
+    assert FedAvg(FedAvg.Params(), None).batched_step(train) == "train_batch"
+    assert Momentum(Momentum.Params(), None).batched_step(train) == "train_batch"
+    assert Doubling(Doubling.Params(), None).batched_step(train) is None  # one by one
+    pfedme = get_algorithm("pfedme")
+    assert pfedme(pfedme.Params(), None).batched_step(train) is None
+
+
+def test_a_plugins_own_params_carry_what_the_runtime_reads():
+    """Params derived from the base `Params` (not local SGD's) still have sample_fraction,
+    which every round reads; a Params class of another kind is refused at registration."""
+
+    class OwnParams(Params):
+        rho: float = 0.5
+
+    class Plain(Minimal):
+        name = "plain_params_for_tests"
+        Params = OwnParams
+
+    assert Plain.Params().sample_fraction == 1.0
+    check_contract(Plain)
+    not_params = type("NotParams", (), {})
+    refused = type("Refused", (Minimal,), {"name": "refused_for_tests", "Params": not_params})
+    with pytest.raises(ValueError, match="Params is .* not a subclass of raymtl"):
+        check_contract(refused)
 
 
 def test_load_received_loads_every_message_in_inbox_order():

@@ -20,8 +20,8 @@ from raymtl.algorithms.batched import (
     batched_equals_serial,
     can_batch,
     local_sgd_batched,
+    train_local_models,
 )
-from raymtl.algorithms.fedavg import train_local_models
 from raymtl.algorithms.training import local_sgd
 from raymtl.data.client_data import ClientData
 from raymtl.models import build_model

@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
 import raymtl
+from raymtl.algorithms.aggregate import weighted_average, weighted_sum
 from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
 from raymtl.algorithms.colnet import ColNet, ColNetParams, FedPerIC
 from raymtl.algorithms.ditto import Ditto, DittoParams
@@ -46,7 +47,6 @@ from raymtl.algorithms.sfmtl_graph import (
     community_anchors,
 )
 from raymtl.algorithms.sheaf_fmtl import SheafFMTL, SheafFMTLParams
-from raymtl.algorithms.training import weighted_average, weighted_sum
 from raymtl.data.client_data import ClientData
 from raymtl.graph.similarity import ClientView, shared_sums, similarity_matrices, stack_views
 from raymtl.models.registry import build_model

@@ -60,7 +60,7 @@ def executor(failures: dict, fraction: float = 1.0) -> RayExecutor:
         "server": ("server",),
     }
     ex.specs, ex.nodes, ex.lost, ex.rehosted = {}, {"clients-1": "node-b"}, set(), {}
-    ex.placed = set()
+    ex.placed, ex.injected = set(), set()
     return ex
 
 

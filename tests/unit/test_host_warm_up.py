@@ -39,7 +39,7 @@ if sys.argv[2] == "server":
 else:  # the server's broadcast, made here before the step
     server = host.algorithm.init_state("server", None, host.spec.federation)
     payload = host.put(model_tensors(server.model))
-    phase = Phase("client", "train", "sampled")
+    phase = Phase("client", "train", "sampled", trains=True)
     inboxes = {p: [Envelope("server", p, "global_model", 0, payload)] for p in participants}
 before = set(sys.modules)
 result = host.run_phase(1, phase, inboxes, sampled)

@@ -57,6 +57,7 @@ class Executor(ABC):
         # node was lost and they no longer fit), in one line, and the nodes lost.
         self.replanned: str | None = None
         self.replanned_nodes: list[str] = []
+        self.injected: set[str] = set()  # hosts killed by runtime.inject_faults
 
     @abstractmethod
     def clients_per_actor(self, num_clients: int) -> int: ...
@@ -190,6 +191,25 @@ class Executor(ABC):
         from raymtl.runtime.hosts.memory import available_memory
 
         return available_memory()
+
+    def layout(self) -> dict[str, dict]:
+        """Where each host runs (hosts.parquet): its node and actor, the CPUs and GPUs its
+        actor asked for, the device its clients train on. In process: the driver's."""
+        return {
+            name: {
+                "node": "driver",
+                "actor": "",
+                "num_cpus": float("nan"),
+                "num_gpus": 0.0,
+                "device": spec.device,
+            }
+            for name, spec in self.specs.items()
+        }
+
+    def kill_host(self, name: str) -> None:
+        """runtime.inject_faults: kill host `name` as a crashed process would be. In process
+        a host cannot be killed (the config refuses inject_faults without Ray)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot kill host {name}")
 
     def peak_memory(self) -> Answer:
         """Peak resident bytes of every host's process (inline: all the same process)."""

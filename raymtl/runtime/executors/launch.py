@@ -32,13 +32,13 @@ def start_ray(cfg: ExperimentConfig, join_up: bool | None = None) -> float:
     return time.perf_counter() - began
 
 
-def inline_executors(cfg: ExperimentConfig) -> Callable[[], Executor]:
+def inline_executors(cfg: ExperimentConfig) -> ExecutorMaker:
     from raymtl.runtime.executors.executor import InlineExecutor
 
-    return lambda: InlineExecutor(cfg.runtime)
+    return ExecutorMaker(lambda: InlineExecutor(cfg.runtime))
 
 
-def ray_executors(cfg: ExperimentConfig) -> Callable[[], Executor]:
+def ray_executors(cfg: ExperimentConfig) -> ExecutorMaker:
     import ray
 
     from raymtl.runtime.executors.ray_executor import RayExecutor, alive_nodes
@@ -54,23 +54,34 @@ def ray_executors(cfg: ExperimentConfig) -> Callable[[], Executor]:
 
 
 class ExecutorMaker:
-    """A maker of fresh executors, and the seconds it took to start (or join) Ray for them:
-    the first federation to start records them in startup.parquet, then sets them to 0.
-    `joined_up`: the Ray is `raymtl up`'s (startup.parquet says so for every seed)."""
+    """A maker of fresh executors (one per federation, and per recovery), with what starting
+    them cost: the seconds it took to start (or join) Ray, which the first federation to
+    start records in startup.parquet (`take_ray_start_s` hands them out once), and whether
+    that Ray is `raymtl up`'s (`joined_up`, recorded for every seed)."""
 
     def __init__(
         self, make: Callable[[], Executor], ray_start_s: float = 0.0, joined_up: bool = False
     ):
-        self.make, self.ray_start_s, self.joined_up = make, ray_start_s, joined_up
+        self.make, self._ray_start_s, self.joined_up = make, ray_start_s, joined_up
 
     def __call__(self) -> Executor:
         return self.make()
+
+    def take_ray_start_s(self) -> float:
+        """The seconds Ray took to start for these executors: once, then 0."""
+        seconds, self._ray_start_s = self._ray_start_s, 0.0
+        return seconds
+
+    @classmethod
+    def of(cls, make: Callable[[], Executor]) -> ExecutorMaker:
+        """`make` as a maker (a plain callable: no Ray started for it)."""
+        return make if isinstance(make, cls) else cls(make)
 
 
 # runtime.executor -> (cfg -> a maker of fresh executors, ready to use)
 EXECUTORS = {"inline": inline_executors, "ray": ray_executors}
 
 
-def executor_factory(cfg: ExperimentConfig) -> Callable[[], Executor]:
+def executor_factory(cfg: ExperimentConfig) -> ExecutorMaker:
     """A fresh executor per federation (and per recovery), of the configured kind."""
     return EXECUTORS[cfg.runtime.executor](cfg)

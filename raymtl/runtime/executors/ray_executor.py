@@ -81,12 +81,12 @@ class RayExecutor(Executor):
         # Named actors (raymtl-<run tag>-<host>) show up readably in the dashboard and
         # `ray list actors`; the tag keeps concurrent runs on one cluster apart.
         self.tag = uuid.uuid4().hex[:8]
+        self._placement_s = 0.0  # the wait for the actors to come up (`_build`)
         self._graph = None  # the graph service's actor, started when first asked for
         self.rehosted: dict[str, int] = {}  # host name -> replacements so far
         self.placed: set[str] = set()  # hosts whose actors Ray has started
         # What each host's actor asked Ray for (hosts.parquet's num_cpus, num_gpus).
         self.resources: dict[str, dict[str, float]] = {}
-        self.injected: set[str] = set()  # hosts killed by runtime.inject_faults
         self.layout_hosts: frozenset[str] = frozenset()  # the hosts `start` was given
 
     def clients_per_actor(self, num_clients: int) -> int:
@@ -291,7 +291,7 @@ class RayExecutor(Executor):
 
     def hosts_up_seconds(self, started: float) -> float:
         """The actors' creation, then the wait until every one answered (`_build`)."""
-        return started + getattr(self, "_placement_s", 0.0)
+        return started + self._placement_s
 
     def _await_placement(self, names) -> None:
         """Wait until every named actor answers `ping` (Ray placed it and its process
@@ -481,7 +481,7 @@ class RayExecutor(Executor):
 
     def drop(self, name: str, method: str, detail: str) -> dict:
         row = super().drop(name, method, detail)
-        row["injected"] = name in getattr(self, "injected", ())  # built without __init__
+        row["injected"] = name in self.injected
         return row
 
     def layout(self) -> dict[str, dict]:

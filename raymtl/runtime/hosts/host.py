@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from raymtl.algorithms.base import (
-    Algorithm,
     FederationInfo,
     Phase,
     State,
@@ -188,28 +187,30 @@ class ParticipantHost:
         return result
 
     def _run_steps(self, phase: Phase, step, states, inboxes, contexts) -> tuple[list, float]:
-        """The outputs of one batch's steps, and their FLOPs (metrics/flops.py): clients'
-        model passes as they run, a coordinator's step once per (role, step, inbox size)."""
+        """The outputs of one batch's steps, and their FLOPs (raymtl/flops.py): clients'
+        model passes as they run, a coordinator's step every time it runs."""
         if phase.role != "client":
-            key = (phase.role, phase.step, len(inboxes[0]))
-            output, flops = self.flops.step(key, lambda: step(states[0], inboxes[0], contexts[0]))
+            output, flops = self.flops.step(lambda: step(states[0], inboxes[0], contexts[0]))
             return [output], flops
         with self.flops.passes() as counted:
-            if self._batched(phase):  # clients trained together (runtime.batch_clients)
-                outputs = self.algorithm.train_batch(states, inboxes, contexts)
+            batched = self._batched(phase)
+            if batched is not None:  # clients stepped together (runtime.batch_clients)
+                outputs = getattr(self.algorithm, batched)(states, inboxes, contexts)
             else:
                 outputs = [step(states[0], inboxes[0], contexts[0])]
         return outputs, counted.flops
 
-    def _batched(self, phase: Phase) -> bool:
-        """runtime.batch_clients > 1 trains the clients of a "train" phase together."""
-        train = phase.role == "client" and phase.step == "train"
-        return train and self.config.runtime.batch_clients > 1
+    def _batched(self, phase: Phase) -> str | None:
+        """Under runtime.batch_clients > 1, the method that runs a client phase's clients
+        together (`Algorithm.batched_step`); None: one by one."""
+        if phase.role != "client" or self.config.runtime.batch_clients < 2:
+            return None
+        return self.algorithm.batched_step(phase)
 
     def _batches(self, phase: Phase, inboxes: dict) -> list[list[str]]:
         """Participants one by one; a batched phase (`_batched`) in groups of up to
         runtime.batch_clients clients of one architecture."""
-        if not self._batched(phase):
+        if self._batched(phase) is None:
             return [[participant] for participant in inboxes]
         size = self.config.runtime.batch_clients
         by_key: dict[tuple, list[str]] = {}
@@ -294,7 +295,7 @@ class ParticipantHost:
         """Groups of clients evaluated with the same model (clients.evaluated_with); every
         client alone when the algorithm has its own evaluation model (Ditto's personal one,
         Per-FedAvg's adapted one)."""
-        if type(self.algorithm).eval_model is not Algorithm.eval_model:
+        if self.algorithm.evaluates_its_own_model():
             return [[participant] for participant in participants]
         groups: dict[object, list[str]] = {}
         for participant in participants:
@@ -315,7 +316,7 @@ class ParticipantHost:
         depend on the other clients of its chunk."""
         rows: dict[str, dict] = {}
         pending: dict[tuple, list] = {}
-        default_model = type(self.algorithm).eval_model is Algorithm.eval_model
+        default_model = not self.algorithm.evaluates_its_own_model()
         for participant in participants:
             identity = self.clients.evaluated_with(participant) if default_model else None
             if identity is not None:
@@ -343,7 +344,7 @@ class ParticipantHost:
     def _evaluation_model(self, participant: str) -> tuple[torch.nn.Module, dict, float]:
         """A module of the client's evaluation architecture, the weights to evaluate it
         with, and the FLOPs spent finding them (Per-FedAvg's adaptation step)."""
-        if type(self.algorithm).eval_model is Algorithm.eval_model:
+        if not self.algorithm.evaluates_its_own_model():
             return (*self.clients.evaluation_weights(participant), 0.0)
         state = self.clients.evaluation_state(participant)
         with self.precision(participant), self.flops.passes() as counted:

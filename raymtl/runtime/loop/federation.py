@@ -33,7 +33,7 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.metrics import Recorder
 from raymtl.runtime.executors.executor import Executor, HostsLost
-from raymtl.runtime.executors.launch import executor_factory
+from raymtl.runtime.executors.launch import ExecutorMaker, executor_factory
 from raymtl.runtime.executors.planning import build_setup, start_checked_run
 from raymtl.runtime.faults import RunStopped, fault_rows, injection_schedule, replan_row
 from raymtl.runtime.loop.accounting import CUMULATIVE, resumed_totals
@@ -99,7 +99,7 @@ class Federation:
             run_dir = local
         self.run_dir, self.store = Path(run_dir), store
         self.recorder = recorder or Recorder.load(self.run_dir)
-        self.make_executor = make_executor or executor_factory(cfg)
+        self.make_executor = ExecutorMaker.of(make_executor or executor_factory(cfg))
         # The driver only asks the algorithm for its phases; it never builds models.
         params = cfg.algorithm.typed_params()
         self.algorithm = get_algorithm(cfg.algorithm.name)(params, None)
@@ -234,13 +234,11 @@ class Federation:
         check_shared(self.seed_dir.child(".probe"), executor)
         startup = {"round": start, "plan_s": planned - began, **hosts}
         # Ray started (or joined) for this run: charged to the first federation that starts
-        ray_start = getattr(self.make_executor, "ray_start_s", 0.0)
-        if ray_start:
-            self.make_executor.ray_start_s = 0.0
+        ray_start = self.make_executor.take_ray_start_s()
         startup |= {
             "ray_s": ray_start,
             # Ray and warm actors of `raymtl up` joined (warm.py) rather than started
-            "joined_up": bool(getattr(self.make_executor, "joined_up", False)),
+            "joined_up": self.make_executor.joined_up,
             "total_s": time.perf_counter() - began + ray_start,
             # from the command's start: its process's, or the `raymtl` that a preloaded
             # process forked this one for (preload.py)
@@ -314,7 +312,7 @@ class Federation:
         recover = self.recoveries <= self.cfg.runtime.max_restarts
         self._shutdown(keep=recover)
         seconds = time.perf_counter() - self._attempt
-        injected = getattr(executor, "injected", set())
+        injected = executor.injected
         rows = fault_rows(
             self.seed, self._current, fault, start, self.recoveries, recover, seconds, injected
         )
@@ -387,17 +385,10 @@ class Federation:
         trained on (inline: the driver's process, no actor)."""
         answer = self._executor.peak_memory()
         self._loop.record_lost(self.round, answer.lost)
-        layout = getattr(self._executor, "layout", None)
-        placed = layout() if layout is not None else {}
+        placed = self._executor.layout()
         rows = []
         for host, peak in sorted(answer.value.items()):
-            where = placed.get(host) or {
-                "node": "driver",
-                "actor": "",
-                "num_cpus": float("nan"),
-                "num_gpus": 0.0,
-                "device": self._executor.specs[host].device,
-            }
+            where = placed[host]
             row = {"seed": self.seed, "round": self.round, "host": host, "peak_rss": int(peak)}
             rows.append(row | where)
         self.recorder.add_rows("hosts", rows)

@@ -31,9 +31,9 @@ from raymtl.runtime.router import Router
 
 log = logging.getLogger(__name__)
 
-# rounds.parquet's seconds by kind of phase: a client's "train" step, the coordinators'
-# steps (server, LPS, graph service, task leaders), the clients' other steps (receiving,
-# aligning), and the evaluation of every client.
+# rounds.parquet's seconds by kind of phase: the clients' training (`Phase.trains`), the
+# coordinators' steps (server, LPS, graph service, task leaders), the clients' other steps
+# (receiving, aligning), and the evaluation of every client.
 PHASE_KINDS = ("seconds_train", "seconds_aggregate", "seconds_receive")
 # The same kinds' floating-point operations (flops_train, ...; flops_evaluate), their sum
 # `flops` and the running total `cum_flops` (raymtl/flops.py says what is counted).
@@ -56,7 +56,7 @@ def phase_kind(phase) -> str:
     """Which of PHASE_KINDS a phase's seconds count towards."""
     if phase.role != "client":
         return "seconds_aggregate"
-    return "seconds_train" if phase.step == "train" else "seconds_receive"
+    return "seconds_train" if phase.trains else "seconds_receive"
 
 
 class RoundLoop:
