@@ -1,9 +1,10 @@
-# The README's two commands: `make demo` and `make test`. Both set up .venv first.
+# The README's commands: `make demo`, `make test` (the inner loop, <= 10 minutes on 2 cores)
+# and `make test-all` (with the cluster scenarios; what CI runs). All set up .venv first.
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-all test-fast lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,14 +17,18 @@ demo: install
 	$(VENV)/bin/raymtl compare jobs/demo_digits.yaml "algorithm.name=sfmtl_graph,fedu,fedavg" --out runs/demo
 
 test: install
+	$(PY) -m pytest -q -m "not cluster"
+
+test-all: install
 	$(PY) -m pytest -q
 
 test-fast: install
-	$(PY) -m pytest -q -m "not ray and not slow"
+	$(PY) -m pytest -q -m "not ray and not slow and not cluster"
 
 lint: install
 	$(VENV)/bin/ruff check raymtl tests benchmarks examples
 	$(VENV)/bin/ruff format --check raymtl tests benchmarks examples
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: install
 	$(PY) benchmarks/overhead.py

@@ -182,8 +182,8 @@ def print_results(results) -> None:
 
 
 # A first round later than this after a command that started a local Ray of its own: worth
-# saying that `raymtl up` takes Ray's and the actors' start off the next commands (1.7-2.4 s
-# to the first round against 16-26 s on 2 cores: benchmarks/RESULTS.md).
+# saying that `raymtl up` takes Ray's and the actors' start off the next commands
+# (benchmarks/RESULTS.md, "Between commands").
 SLOW_START_S = 10.0
 
 

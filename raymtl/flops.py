@@ -105,7 +105,7 @@ def _counted_pass(copied: nn.Module, args, kwargs, training: bool, device: str) 
 
 def warm_up_counting() -> None:
     """Pay counting's one-time costs now: FlopCounterMode's module imports triton where it is
-    installed, and its first use imports torch._dynamo (2.5 s on 2 cores, measured). Every
+    installed, and its first use imports torch._dynamo (seconds on a small machine). Every
     host counts FLOPs in round 1 (a coordinator's step, a client's first pass), so a host
     calls this while it starts, and round 1 pays only the counts."""
     from torch.utils.flop_counter import FlopCounterMode

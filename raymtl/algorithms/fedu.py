@@ -85,8 +85,7 @@ def similarity_matrix(params: FedUParams, num_clients: int, seed: int) -> np.nda
 
 
 # Reaching one entry of the random a_kl by PCG64.advance costs about as much as drawing 250
-# entries of the whole N×N matrix (measured: ≈ 5 µs against ≈ 20 ns); fewer entries than
-# N²/250 are reached one by one.
+# entries of the whole N×N matrix: fewer entries than N²/250 are reached one by one.
 DRAWS_PER_ENTRY = 250
 
 

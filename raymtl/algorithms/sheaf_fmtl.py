@@ -25,11 +25,9 @@ Drawing the maps (round 1, in the actor that owns them): `draw_map` fills each P
 float32 storage in one pass, `torch.empty(d_ij, d_i).normal_(0, init_std)`, from a
 torch.Generator (mt19937; torch's vectorised Box–Muller) seeded with derive_seed(seed, "map",
 i, j): bit for bit the values of the earlier `torch.randn(d_ij, d_i)·init_std`, without its
-second pass over the map. On the development machine (2 cores) a 348 × 34,826 map (48 MB)
-costs ≈ 30 ms of CPU in the generator and ≈ 15 ms in the kernel, which zeroes and maps its
-11,800 fresh pages (benchmarks/sheaf_maps.py); numpy's generators and a Box–Muller written
-with torch operations were slower, and huge pages slower still there. Each client's drawing
-time goes to map_draws.parquet (i, maps, bytes, seconds).
+second pass over the map (what a map costs to draw: benchmarks/sheaf_maps.py and
+benchmarks/RESULTS.md). Each client's drawing time goes to map_draws.parquet (i, maps,
+bytes, seconds).
 
 A round reads each map as few times as it can: P_ij θ_i is computed once per value sent
 (after training, after the θ-step) and kept until the next step's gap uses it (θ has not

@@ -1,9 +1,8 @@
 """Decoded pools kept on local disk between processes, keyed by the files they came from.
 
 Decoding a built-in dataset costs seconds at every start on a small machine, paid before the
-first round: Fashion-MNIST's four gzip'd idx files with torchvision's import took 2.9 s, and
-sklearn's digits with sklearn's import 2.9 s, on 2 AVX2 cores (benchmarks/RESULTS.md); read
-back from this cache, 0.11 s and 0.003 s. A built-in source whose
+first round; reading it back from this cache costs a fraction of that (benchmarks/RESULTS.md,
+"Between commands"). A built-in source whose
 samples come from fixed local files decodes them once: the pool is written under
 `raymtl_home()/cache/pools/<name>-<key>/` (x.npy, y.npy and meta.json), where `key` hashes
 every source file's path, size and modification time and the cache's format, and later

@@ -216,12 +216,10 @@ def score_per_client(
     return results
 
 
-# Above this many bytes of weights per model, stacking does not pay on a CPU. A one-sample
-# client's pass reads its weights once; stacking first copies them (a read and a write), and
-# vmap turns convolutions into grouped ones that run no faster than one by one. Measured on
-# 2 cores (torch 2.14.1), ms per one-sample client, stacked against a functional_call per
-# client: logreg (31 KB) 0.02 against 0.1, mlp (100 KB) 0.03 against 0.12, cnn_mnist (6.6 MB) 3.5
-# against 1.5 (benchmarks/RESULTS.md, "Evaluation at scale").
+# Above this many bytes of weights per model, stacking does not pay on a CPU: a one-sample
+# client's pass reads its weights once, stacking first copies them (a read and a write), and
+# vmap turns convolutions into grouped ones that run no faster than one by one
+# (benchmarks/RESULTS.md, "Evaluation at scale").
 STACK_BYTES = 1 << 20
 
 

@@ -36,6 +36,8 @@ import pytest
 
 from raymtl.config import ConfigError
 
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
 HEAD_CPUS = 1
 WORKER = {"CPU": 2, "object_store_memory": 200_000_000}
 SETTINGS = {

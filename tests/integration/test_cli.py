@@ -18,11 +18,9 @@ from tests.conftest import write_experiment as write
 
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     path = write(tmp_path, **{"data.partition.classes_per_client": 11})
-    result = subprocess.run(
-        [sys.executable, "-m", "raymtl", "run", str(path)], capture_output=True, text=True
-    )
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "classes_per_client" in lines[0], result.stderr
 
@@ -33,15 +31,15 @@ def test_fedavg_on_clients_with_different_tasks_is_refused_in_one_line(tmp_path)
         {"name": "landmarks", "targets": "landmarks", "clients": 3},
     ]
     path = write(tmp_path, **{"data.partition": {"kind": "iid"}, "data.tasks": tasks})
-    result = subprocess.run(
-        [sys.executable, "-m", "raymtl", "run", str(path)], capture_output=True, text=True
-    )
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
     (line,) = result.stderr.strip().splitlines()
     assert "algorithm.name: fedavg averages whole models" in line and "colnet" in line
 
 
 def test_ctrl_c_names_the_command_that_goes_on_and_that_command_finishes_the_run(tmp_path):
+    """The suite's one run of the real console command in a process of its own: a Ctrl-C
+    from the terminal, its one line, and the command it prints finishing the run."""
     path = write(tmp_path, rounds=40, checkpoint_every=1)
     run = subprocess.Popen(
         [sys.executable, "-m", "raymtl", "run", str(path)],

@@ -8,7 +8,6 @@ nodes are tested on a `ray.cluster_utils.Cluster` in a subprocess (cluster_node_
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -16,7 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
+from raymtl.cli import app
 from raymtl.config import ConfigError
 from raymtl.runtime import run_experiment
 from raymtl.runtime.faults import RunStopped
@@ -132,26 +133,21 @@ class CrashingFedAvg(FedAvg):
             os._exit(1)
         return super().train(state, inbox, ctx)
 """
+
+
 # Ray's own log lines on stderr (its start-up): `2026-01-01 10:00:00,000<TAB>INFO ...`.
-RAY_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(INFO|WARNING) ")
-
-
-def test_recoveries_used_up_is_one_line_and_exit_code_3(tmp_path):
+def test_recoveries_used_up_is_one_line_and_exit_code_3(ray_session, tmp_path, monkeypatch):
     """`raymtl run` as a user meets it: a client host's process crashes in round 2 and
     runtime.max_restarts is 0."""
     (tmp_path / "crash_once.py").write_text(CRASHING_PLUGIN)
     settings = {"algorithm.name": "crashing_fedavg", "runtime.executor": "ray"}
     path = write_experiment(tmp_path, plugins=["crash_once.py"], **settings)
-    result = subprocess.run(
-        [sys.executable, "-m", "raymtl", "run", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 3, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr + result.stdout
-    (line,) = [line for line in result.stderr.splitlines() if not RAY_LOG_LINE.match(line)]
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 3, result.output[-3000:]
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    (line,) = lines
     assert line.startswith("error: runtime.max_restarts: 0 recoveries used up; seed 0 round 2:")
     assert "hosts lost during run_phase: clients-0" in line
 
@@ -190,6 +186,7 @@ def crashed_nodes(tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_crashed_node_costs_one_recovery(crashed_nodes):
     """2 nodes, max_restarts 1: the rollback waits for Ray to declare the node dead, so no
     new actor lands on it; the head holds them all."""
@@ -201,6 +198,7 @@ def test_a_crashed_node_costs_one_recovery(crashed_nodes):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_crashed_node_without_replacement_is_replanned_onto_the_head(crashed_nodes):
     """4 client actors of 1 CPU on a 2-CPU head and a 2-CPU worker; the worker crashes: 2
     actors of 2 clients on the head, equal results, one line saying so."""
@@ -217,6 +215,7 @@ def test_a_crashed_node_without_replacement_is_replanned_onto_the_head(crashed_n
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_layout_that_fits_no_node_left_stops_in_one_line_within_the_wait(crashed_nodes):
     """A client actor of 2.5 CPUs on the worker; the head has 2: nothing can hold it."""
     scenario = crashed_nodes["cannot_fit"]

@@ -88,6 +88,7 @@ def layout(tmp_path_factory) -> dict:
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_four_client_actors_of_a_quarter_share_the_one_gpu(layout):
     clients = sorted(
         (row for row in layout["hosts"] if row["host"].startswith("clients-")),
@@ -105,6 +106,7 @@ def test_four_client_actors_of_a_quarter_share_the_one_gpu(layout):
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_device_auto_trains_on_cpu_where_torch_sees_no_gpu(layout):
     clients = [row for row in layout["hosts"] if row["host"].startswith("clients-")]
     assert {row["device"] for row in clients} == {"cpu"}
@@ -113,6 +115,7 @@ def test_device_auto_trains_on_cpu_where_torch_sees_no_gpu(layout):
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_device_cuda_where_torch_sees_no_gpu_is_one_line(layout):
     assert layout["refusal"] == (
         "runtime.device: 'cuda' but torch sees no GPU where a client actor runs "

@@ -32,6 +32,7 @@ def client_hosts(run_dir: Path) -> pd.DataFrame:
     return hosts[hosts["host"].str.startswith("clients-")]
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize(("share", "actors"), [(0.25, 4), (0.3, 3)])
 def test_auto_lays_client_actors_out_by_gpus(ray_session, make_config, tmp_path, share, actors):
     """8 CPUs' worth of quarter-CPU actors, but one GPU: 4 actors of a quarter GPU, or 3 of

@@ -17,6 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+pytestmark = [pytest.mark.cluster]
+
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 

@@ -13,7 +13,7 @@ from raymtl.api.callbacks import Callback
 from raymtl.config import dump_config, parse_config
 from tests.conftest import digits_experiment, learned
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.cluster]
 
 
 class Rounds(Callback):

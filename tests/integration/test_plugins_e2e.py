@@ -222,6 +222,7 @@ def job_file(project: Path, folder: Path, plugin: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_plugin_job_runs_on_a_head_from_working_dir_or_py_modules(
     token_head,  # noqa: F811 (the fixture imported above)
     project,

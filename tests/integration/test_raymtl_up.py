@@ -17,7 +17,7 @@ from raymtl.runtime.warm.service import process_alive
 from tests.conftest import learned
 from tests.conftest import write_experiment as write
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.cluster]
 
 
 def raymtl(env, *args, timeout=300):

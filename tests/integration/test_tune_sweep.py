@@ -11,7 +11,7 @@ import raymtl
 from raymtl.cli import app
 from tests.conftest import write_experiment
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.cluster]
 
 
 @pytest.mark.slow

@@ -6,15 +6,12 @@ client actors (num_cpus_per_actor, num_gpus_per_actor each) behind an empty head
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from typer.testing import CliRunner
 
-from raymtl.api.tuning import ParamSpec, parse_param, with_values
+from raymtl.api.tuning import ParamSpec, parse_param
 from raymtl.cli import app
-from raymtl.config import ConfigError
+from raymtl.config import ConfigError, with_values
 from raymtl.runtime.trials.plans import ClusterRoom, parse_parallel, plan_trials, trial_bundles
 from tests.conftest import write_experiment
 
@@ -74,12 +71,8 @@ def test_values_go_into_nested_settings_of_a_copy():
 
 def test_cli_bad_param_is_one_line_and_exit_2(tmp_path):
     path = write_experiment(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "-m", "raymtl", "tune", str(path), "--param", "algorithm.params.lr=1e-3"],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    result = CliRunner().invoke(app, ["tune", str(path), "--param", "algorithm.params.lr=1e-3"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
     (line,) = result.stderr.strip().splitlines()
     assert "--param: 'algorithm.params.lr=1e-3' is not key.path=kind(values)" in line
     assert "uniform(low, high)" in line

@@ -1,34 +1,12 @@
 """Host actors kept alive between the federations of one driver process, and reused.
 
-Starting a host actor costs a process, Ray's worker start-up, torch's imports and its one-time
-warm-up: 5–7 s of CPU each on a 2-core machine, seconds of wall time per seed. Within a reuse
-session (every seed of `raymtl run`, every experiment and seed of a sequential `raymtl
-compare`), a federation that finishes cleanly hands its actors back here, and the next
-federation whose layout asks for actors of the same kind (role, CPUs, GPUs) takes them instead
-of starting new ones. A taken actor is re-attached to its new spec (`ObjectStoreHost.attach`):
-every attribute of the old host is dropped first, so a federation starts from fresh state and
-its results equal a separate run's (tests/integration/test_actor_reuse.py). The process-wide
-leftovers are what a fresh process would also build the same way (imported modules, torch's
-thread pools, FLOP measurements of a module shape).
-
-A federation rolling back from a lost host (federation.py `_recover`) hands back the actors
-that still answer `release` (alive, and done with any step: Ray runs an actor's calls one
-after another), so its replay starts new actors only for the hosts it lost; the lost ones
-are killed.
-
-What is never reused: the actors of a federation that ended on an error (they may be
-half-way through a step), actors inside a Ray Tune trial's placement group
-(the trial's group ends with it), and anything once the session closes: the outermost
-session kills every idle actor, so a notebook is not left holding the cluster's CPUs.
-Idle actors of a kind the next federation does not need are killed before it places its own
-(an idle actor holds its CPUs: it could keep a differently laid out federation from fitting);
-a federation that starts every actor of its own (runtime.reuse_actors false, autoscaling) and
-Ray Tune's trials kill every idle one first.
-
-Joined to a `raymtl up` service (warm.py), the pool has a `lender`: actors the session
-lacks are borrowed from the service's warm ones (`borrow`, `take`), and the session hands
-what it borrowed back instead of killing it: idle ones it cannot use at once, the rest when
-it ends.
+Within a reuse session (the seeds of `raymtl run`, the experiments and seeds of a sequential
+`raymtl compare`) a federation that ends cleanly, or rolls back from a lost host, hands the
+actors that still answer back here; the next federation takes idle ones of the kind it needs
+(role, CPUs, GPUs) and `attach`es them to fresh specs, so its results equal a separate run's.
+Idle actors a layout cannot use are killed before it places its own; the outermost session
+kills every idle one. Joined to `raymtl up`, missing actors are borrowed from its pool
+(`lender`) and handed back. docs/ARCHITECTURE.md says what is never reused, and why.
 """
 
 from __future__ import annotations

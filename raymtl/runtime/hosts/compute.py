@@ -64,9 +64,9 @@ def bf16_emulated(cpuinfo: str | None = None) -> bool:
 
 def warm_up(state, autocast) -> None:
     """A fresh process pays torch's one-time costs on its first training step (the
-    optimiser's first step imports torch._dynamo and its dependencies: ~2.5 s measured,
-    against 0.3 s for a whole later client step): a host pays them while it starts, on a
-    copy of its first client's model, not inside round 1. Nothing of any client changes."""
+    optimiser's first step imports torch._dynamo and its dependencies, longer than a whole
+    later client step): a host pays them while it starts, on a copy of its first client's
+    model, not inside round 1. Nothing of any client changes."""
     model = copy.deepcopy(state.model)
     with autocast:
         model(state.data.train_x[:2]).float().sum().backward()

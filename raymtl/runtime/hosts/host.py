@@ -131,8 +131,8 @@ class ParticipantHost:
 
     def warm_up(self) -> None:
         """torch's one-time costs, paid while the host starts, not in round 1: FLOP
-        counting's (every host's, coordinators included: a server's first broadcast cost
-        2.2 s of round 1 before), then a client's first training step's."""
+        counting's (every host's, coordinators included: a server's first broadcast would pay
+        them), then a client's first training step's."""
         warm_up_counting()
         clients = self.client_participants()
         if clients:

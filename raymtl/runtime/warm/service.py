@@ -1,35 +1,15 @@
-"""`raymtl up`: a local Ray and warm host actors kept on this machine between commands.
-
-A fresh command pays, before its first round, for a Ray of its own (GCS, raylet) and for
-every actor's process importing torch and raymtl and taking its first optimiser step
-(about 12 CPU-seconds on 2 cores, benchmarks/RESULTS.md). Within one command the reuse
-session (actor_pool.py) pays that once; `raymtl up` pays it once for every command after it:
+"""`raymtl up` / `raymtl down`: a local Ray, warm host actors and a preloaded process kept on
+this machine between commands, so a command pays neither Ray's start nor its actors'.
 
     raymtl up                      # a Ray and warm actors, in a service process of their own
     raymtl run jobs/x.yaml         # joins them: no Ray start, no actor start
     raymtl down                    # stops the service, its Ray and its actors
 
-The service is one process (`serve`) that starts a local Ray, a `WarmPool` actor and, owned
-by it, host actors of the kinds a run on this machine asks for by default (client actors of
-runtime's CPUs and GPUs filling the CPUs, a server, the graph service), each warmed
-(`ObjectStoreHost.warm_start`). It writes `up.json` under $RAYMTL_HOME (default ~/.raymtl):
-its pid, Ray's address and the fingerprint of the raymtl code its actors imported.
-
-A run whose runtime.address is null joins it (`join`) when runtime.join_up is true and the
-service serves the same code (an edited checkout would otherwise run stale actors: the run
-then starts its own Ray, as without the service, and logs why). Joined, the reuse session
-borrows actors from the pool (`Lender`), `attach`es them to its specs like any kept actor,
-and at its end releases them (each host's memory freed, fresh state) and hands them back.
-A federation that ended on an error kills what it borrowed; so does a run with `plugins:`
-(its actors imported the user's modules, which may change before the next command). The
-pool starts replacements once no loan is out. A driver that died holding a loan is found
-by its pid (the service is local: `reclaim`), and its actors are replaced.
-
-Layouts the pool cannot serve (another num_cpus_per_actor, more client actors than it
-keeps), and drivers that start every actor themselves (runtime.reuse_actors: false), make
-room: the pool kills its idle actors that hold CPUs or GPUs, so the run's own actors can be
-placed, and starts them again once no loan is out. Tune trials
-(`compare --parallel`, `raymtl tune`) never join: their placement groups need the CPUs.
+`serve` is the service: a local Ray, a `WarmPool` actor owning warm host actors of the kinds
+a run here asks for by default, and `up.json` under $RAYMTL_HOME (its pid, Ray's address, the
+fingerprint of its code). A run with runtime.address null and runtime.join_up true `join`s
+it when it serves the same code, and borrows actors through a `Lender`. docs/ARCHITECTURE.md
+has the rules of loans, plugins, layouts the pool cannot serve and Tune trials.
 """
 
 from __future__ import annotations
