@@ -5,7 +5,7 @@ and the metrics it may report.
     attributes   binary attributes of grey images (targets.py), bce
     landmarks    box and centroid positions of grey images (targets.py), mse
 
-A plugin adds a target computed per sample from a Pool:
+A plugin adds a target computed per sample from a data set's pool (`Samples`):
 
     @register_target("stroke", loss="mse", metrics=("mse", "mae"))
     def stroke(pool) -> Targets:
@@ -22,15 +22,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from raymtl.registry import NAME, Registry
-from raymtl.tasks.spec import METRICS_OF_LOSS
-
-if TYPE_CHECKING:  # tasks compute targets from a data set's pool; data builds on tasks
-    from raymtl.data.source_registry import Pool
+from raymtl.tasks.spec import METRICS_OF_LOSS, Samples
 
 
 @dataclass(frozen=True)
@@ -48,7 +44,7 @@ class TargetSpec:
     name: str
     loss: str
     metrics: tuple[str, ...]
-    build: Callable[[Pool], Targets] | None
+    build: Callable[[Samples], Targets] | None
     description: str
 
     @property
@@ -74,13 +70,13 @@ def register_target(
     name: str,
     loss: str,
     metrics: Iterable[str] | None = None,
-    build: Callable[[Pool], Targets] | None = None,
+    build: Callable[[Samples], Targets] | None = None,
     description: str | None = None,
 ):
     """Register target `name` computed by `build(pool) -> Targets`; without `build`, a
     decorator for it. Raises a one-line ValueError for a target that breaks the contract."""
 
-    def decorator(function: Callable[[Pool], Targets]) -> Callable[[Pool], Targets]:
+    def decorator(function: Callable[[Samples], Targets]) -> Callable[[Samples], Targets]:
         TARGETS.add(name, target_spec(name, loss, metrics, function, description))
         return function
 
@@ -115,10 +111,10 @@ def get_target(name: str) -> TargetSpec:
     return TARGETS[name]
 
 
-_COMPUTED: dict[tuple[str, int, int], tuple[Pool, Targets]] = {}
+_COMPUTED: dict[tuple[str, int, int], tuple[Samples, Targets]] = {}
 
 
-def compute_targets(name: str, pool: Pool) -> Targets:
+def compute_targets(name: str, pool: Samples) -> Targets:
     """Target `name`'s table for `pool`, checked (one-line ValueError), once per pool."""
     spec = get_target(name)
     if spec.from_labels:
@@ -132,7 +128,7 @@ def compute_targets(name: str, pool: Pool) -> Targets:
     return targets
 
 
-def check_targets(spec: TargetSpec, pool: Pool, built: object) -> Targets:
+def check_targets(spec: TargetSpec, pool: Samples, built: object) -> Targets:
     """What `spec.build` returned fits its loss (one-line ValueError otherwise)."""
     where = f"targets '{spec.name}'"
     if isinstance(built, torch.Tensor):
@@ -161,7 +157,7 @@ def check_targets(spec: TargetSpec, pool: Pool, built: object) -> Targets:
     return Targets(values, names)
 
 
-def target_outputs(pool: Pool, name: str, label_classes) -> int:
+def target_outputs(pool: Samples, name: str, label_classes) -> int:
     """The head size target `name` needs on this pool (label: the task's classes)."""
     if get_target(name).from_labels:
         return len(label_classes) if label_classes else pool.num_classes

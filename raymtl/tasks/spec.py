@@ -20,6 +20,9 @@ every host, and a client's data carries its own spec.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+import torch
 
 METRICS_OF_LOSS = {
     "cross_entropy": ("accuracy",),
@@ -83,3 +86,15 @@ def label_task(name: str, outputs: int, label_classes=None) -> TaskSpec:
 def tasks_differ(specs) -> bool:
     """True when the federation's tasks cannot share one whole model."""
     return len({spec.kind() for spec in specs}) > 1
+
+
+class Samples(Protocol):
+    """What a task's targets are computed from: a data set's samples and labels, as the data
+    layer's `Pool` holds them (images (N, C, H, W) whose float values over `scale` lie in
+    [0, 1], int64 labels)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    class_names: tuple[str, ...]
+    scale: float

@@ -37,14 +37,12 @@ are not confused. Returned tensors are shared: read-only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from raymtl.tasks.registry import Targets, register_target
-
-if TYPE_CHECKING:  # tasks compute targets from a data set's pool; data builds on tasks
-    from raymtl.data.source_registry import Pool
+from raymtl.tasks.spec import Samples
 
 ITEM_THRESHOLD = 0.1  # a pixel belongs to the item above this fraction of the maximum intensity
 FASHION_MNIST_CLASSES = (
@@ -140,7 +138,7 @@ def _above_median(statistic: torch.Tensor, has_item: torch.Tensor) -> torch.Tens
     return min((strict, loose), key=lambda flags: abs(flags.sum().item() / valid - 0.5)).float()
 
 
-def _class_attributes(pool: Pool) -> dict[str, torch.Tensor]:
+def _class_attributes(pool: Samples) -> dict[str, torch.Tensor]:
     if tuple(pool.class_names) != FASHION_MNIST_CLASSES:
         return {}
     groups = {}
@@ -150,7 +148,7 @@ def _class_attributes(pool: Pool) -> dict[str, torch.Tensor]:
     return groups
 
 
-def _measure(pool: Pool) -> dict[str, torch.Tensor]:
+def _measure(pool: Samples) -> dict[str, torch.Tensor]:
     # One intra-op thread: these small ops gain little from more, and while other processes
     # load the CPUs, waiting on preempted threads turned a 0.3 s build into 5 s.
     threads = torch.get_num_threads()
@@ -162,7 +160,7 @@ def _measure(pool: Pool) -> dict[str, torch.Tensor]:
     return {name: torch.cat([block[name] for block in blocks]) for name in blocks[0]}
 
 
-def _build_attributes(pool: Pool) -> Targets:
+def _build_attributes(pool: Samples) -> Targets:
     measures = _cached("measures", _measure, pool)
     has_item = measures["large"] > 0  # at least one item pixel
     columns = _class_attributes(pool)
@@ -172,7 +170,7 @@ def _build_attributes(pool: Pool) -> Targets:
     return Targets(torch.stack(list(columns.values()), dim=1), tuple(columns))
 
 
-def _build_landmarks(pool: Pool) -> Targets:
+def _build_landmarks(pool: Samples) -> Targets:
     measures = _cached("measures", _measure, pool)
     return Targets(torch.stack([measures[name] for name in LANDMARK_NAMES], dim=1), LANDMARK_NAMES)
 
@@ -180,7 +178,7 @@ def _build_landmarks(pool: Pool) -> Targets:
 _CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor, object]] = {}
 
 
-def _cached(name: str, build: Callable[[Pool], Any], pool: Pool) -> Any:
+def _cached(name: str, build: Callable[[Samples], Any], pool: Samples) -> Any:
     key = (pool.source, tuple(pool.x.shape), pool.x.dtype, pool.scale, pool.class_names, name)
     cached_x, cached_y, built = _CACHE.get(key, (None, None, None))
     same_x = cached_x is pool.x or (cached_x is not None and torch.equal(cached_x, pool.x))
@@ -191,19 +189,19 @@ def _cached(name: str, build: Callable[[Pool], Any], pool: Pool) -> Any:
     return built
 
 
-def _grey(pool: Pool, name: str) -> Pool:
+def _grey(pool: Samples, name: str) -> Samples:
     if pool.x.shape[1] != 1:
         raise ValueError(f"'{name}' needs grayscale images")
     return pool
 
 
 @register_target("attributes", loss="bce")
-def attribute_targets(pool: Pool) -> Targets:
+def attribute_targets(pool: Samples) -> Targets:
     """Binary attributes of grey images (tasks/targets.py), multi-label."""
     return _cached("attributes", _build_attributes, _grey(pool, "attributes"))
 
 
 @register_target("landmarks", loss="mse")
-def landmark_targets(pool: Pool) -> Targets:
+def landmark_targets(pool: Samples) -> Targets:
     """Bounding box and intensity centroid of grey images, regression."""
     return _cached("landmarks", _build_landmarks, _grey(pool, "landmarks"))

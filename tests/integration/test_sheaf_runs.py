@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from raymtl.algorithms.sheaf_fmtl import interaction_dim
-from raymtl.config import parse_config
+from raymtl.config import ConfigError, parse_config
 from raymtl.models import build_model
 from raymtl.runtime import resume_experiment, run_experiment
 from tests.conftest import digits_experiment
@@ -89,8 +89,30 @@ def test_the_maps_survive_a_checkpoint_and_resume_gives_the_same_run(ray_session
 
 
 def test_dfedu_and_dpsgd_refuse_models_that_differ(tmp_path):
-    from raymtl.config import ConfigError
 
     for name in ("dfedu", "dpsgd"):
         with pytest.raises(ConfigError, match=f"algorithm.name: {name} needs every client"):
             hetero(tmp_path, **{"algorithm.name": name, "algorithm.params": {}})
+
+
+def test_with_identity_maps_a_round_is_a_dfedu_round(tmp_path):
+    from raymtl.runtime import run_experiment
+
+    common = {
+        "rounds": 1,
+        "topology.kind": "erdos_renyi",
+        "topology.params": {"p": 0.5},
+        "model.name": "logreg",
+    }
+    sheaf_params = {"lr": 0.1, "lam": 0.5, "gamma": 1.0, "map_init": "identity"}
+    sheaf_params |= {"map_lr": 0.0, "l2": 0.0}
+    dfedu_params = {"lr": 0.1, "lam": 0.5, "epochs": 1, "similarity": "ones"}
+    runs = {}
+    for name, params in (("sheaf_fmtl", sheaf_params), ("dfedu", dfedu_params)):
+        settings = {**common, "algorithm.name": name, "algorithm.params": params}
+        runs[name] = run_experiment(
+            parse_config(digits_experiment(tmp_path, **settings)), tmp_path / name
+        )
+    sheaf_rows, dfedu_rows = (pd.read_parquet(d / "clients.parquet") for d in runs.values())
+    pd.testing.assert_series_equal(sheaf_rows["loss"], dfedu_rows["loss"], rtol=1e-5, atol=1e-7)
+    assert (sheaf_rows["accuracy"] == dfedu_rows["accuracy"]).all()

@@ -8,10 +8,8 @@ against the per-client evaluation it replaces; `materialize_many` against `mater
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -22,7 +20,6 @@ from raymtl.data.shards import ClientShard
 from raymtl.data.source_registry import Pool
 from raymtl.flops import FlopMeter
 from raymtl.models.registry import build_model, num_params
-from raymtl.runtime.hosts.host import ParticipantHost
 from raymtl.tasks.objectives import evaluate_stacked, evaluate_task
 from raymtl.tasks.spec import TaskSpec
 
@@ -194,42 +191,3 @@ def evaluate_one_by_one(self, participants: list[str]) -> list[dict]:
             metrics = evaluate_task(model, state.data.test_x, state.data.test_y, state.data.task)
         rows.append(self._row(participant, state.data, metrics, num_params(model), counted.flops))
     return rows
-
-
-@pytest.mark.parametrize(
-    ("algorithm", "model"),
-    [("local", "mlp"), ("local", "cnn_mnist"), ("ditto", "mlp")],
-)
-def test_a_run_with_own_weights_records_the_same_client_rows(
-    algorithm, model, tmp_path: Path, monkeypatch
-):
-    import raymtl
-
-    overrides = [
-        "rounds=2",
-        "seeds=[0]",
-        "runtime.executor=inline",
-        "output.plots=false",
-        f"algorithm.name={algorithm}",
-        f"model.name={model}",
-    ]
-    if algorithm == "ditto":
-        overrides += ["topology.kind=star", "algorithm.params={epochs: 1, lr: 0.05}"]
-    chunks = []
-    evaluate_chunk = ParticipantHost._evaluate_stacked
-
-    def counting(self, members):
-        chunks.append(len(members))
-        return evaluate_chunk(self, members)
-
-    monkeypatch.setattr(ParticipantHost, "_evaluate_stacked", counting)
-    stacked = raymtl.run(
-        "jobs/local_digits.yaml", overrides=[*overrides, f"output.dir={tmp_path}/a"]
-    )
-    assert chunks and max(chunks) > 1  # clients of one architecture went together
-    monkeypatch.setattr(ParticipantHost, "_evaluate_own", evaluate_one_by_one)
-    alone = raymtl.run("jobs/local_digits.yaml", overrides=[*overrides, f"output.dir={tmp_path}/b"])
-    columns = ["round", "client", "accuracy", "samples", "test_samples", "model_params"]
-    pd.testing.assert_frame_equal(stacked.clients[columns], alone.clients[columns])
-    pd.testing.assert_series_equal(stacked.clients["loss"], alone.clients["loss"], rtol=1e-6)
-    assert stacked.rounds["flops_evaluate"].tolist() == alone.rounds["flops_evaluate"].tolist()

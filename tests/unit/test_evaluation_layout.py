@@ -11,7 +11,6 @@ from each client's own test-set size.
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -99,22 +98,3 @@ def test_own_weights_give_each_client_the_same_numbers_in_every_layout(name, sta
         return evaluate_stacked(skeleton, [weights[k] for k in host], host_tests)
 
     assert_layouts_bitwise_equal(evaluate, client_tests(SHAPES[name]))
-
-
-def test_a_run_records_the_same_client_rows_whatever_the_hosts_hold(tmp_path):
-    """FedAvg, 21 clients on hosts of 5 (the last holds 1), of 10 (the last holds 1: a
-    client evaluated with the global model but alone on its host) and all on one host."""
-    import raymtl
-
-    overrides = ["rounds=1", "seeds=[0]", "runtime.executor=inline", "output.plots=false"]
-    overrides += ["data.num_clients=21"]
-    frames = {}
-    for per_host in ("5", "10", "auto"):
-        layout = [f"runtime.clients_per_actor={per_host}", f"output.dir={tmp_path}/{per_host}"]
-        results = raymtl.run("jobs/fedavg_digits.yaml", overrides=[*overrides, *layout])
-        frames[per_host] = results.clients.sort_values("client").reset_index(drop=True)
-    columns = ["client", "loss", "accuracy", "test_samples"]
-    for per_host in ("5", "10"):  # rtol=0, atol=0: bitwise
-        pd.testing.assert_frame_equal(
-            frames[per_host][columns], frames["auto"][columns], check_exact=True
-        )

@@ -56,19 +56,6 @@ def test_bad_model_sections_are_one_line(tmp_path, settings, field):
         parse_config(digits_experiment(tmp_path, **{"algorithm.name": "local", **settings}))
 
 
-def test_local_trains_a_mix_and_records_each_clients_model(tmp_path):
-    from raymtl.runtime import run_experiment
-
-    cfg = parse_config(digits_experiment(tmp_path, **MIX, **{"algorithm.name": "local"}))
-    clients = pd.read_parquet(run_experiment(cfg) / "clients.parquet")
-    last = clients[clients["round"] == 2].set_index("client")
-    assert sorted(last["model"].value_counts().tolist()) == [3, 3]
-    sizes = last.groupby("model")["model_params"].unique()
-    assert len(sizes["mlp"]) == 1 and len(sizes["logreg"]) == 1
-    assert sizes["mlp"][0] != sizes["logreg"][0]
-    assert last["accuracy"].notna().all()
-
-
 def test_models_by_task_are_checked_against_the_algorithm_before_ray_starts(tmp_path):
     from raymtl.runtime.executors.planning import check_federation
 

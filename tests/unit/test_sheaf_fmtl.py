@@ -4,7 +4,6 @@ check."""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 
@@ -100,29 +99,6 @@ def test_a_run_over_the_memory_budget_is_refused_with_its_knobs(tmp_path, capsys
                 digits_experiment(tmp_path, **{**settings, "runtime.memory_budget": "ten"})
             )
         )
-
-
-def test_with_identity_maps_a_round_is_a_dfedu_round(tmp_path):
-    from raymtl.runtime import run_experiment
-
-    common = {
-        "rounds": 1,
-        "topology.kind": "erdos_renyi",
-        "topology.params": {"p": 0.5},
-        "model.name": "logreg",
-    }
-    sheaf_params = {"lr": 0.1, "lam": 0.5, "gamma": 1.0, "map_init": "identity"}
-    sheaf_params |= {"map_lr": 0.0, "l2": 0.0}
-    dfedu_params = {"lr": 0.1, "lam": 0.5, "epochs": 1, "similarity": "ones"}
-    runs = {}
-    for name, params in (("sheaf_fmtl", sheaf_params), ("dfedu", dfedu_params)):
-        settings = {**common, "algorithm.name": name, "algorithm.params": params}
-        runs[name] = run_experiment(
-            parse_config(digits_experiment(tmp_path, **settings)), tmp_path / name
-        )
-    sheaf_rows, dfedu_rows = (pd.read_parquet(d / "clients.parquet") for d in runs.values())
-    pd.testing.assert_series_equal(sheaf_rows["loss"], dfedu_rows["loss"], rtol=1e-5, atol=1e-7)
-    assert (sheaf_rows["accuracy"] == dfedu_rows["accuracy"]).all()
 
 
 def test_identity_maps_need_gamma_one():

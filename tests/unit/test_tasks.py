@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from sklearn.metrics import precision_recall_fscore_support
@@ -157,17 +156,6 @@ def test_declared_outputs_must_fit_the_targets(tmp_path):
         partition(cfg, 0)
 
 
-def test_one_task_of_a_new_kind_runs_with_fedavg(tmp_path):
-    from raymtl.runtime import run_experiment
-
-    tasks = [{"name": "landmarks", "targets": "landmarks"}]
-    cfg = config(tmp_path, **{"data.tasks": tasks, "algorithm.name": "fedavg", "rounds": 1})
-    import pandas as pd
-
-    clients = pd.read_parquet(run_experiment(cfg) / "clients.parquet")
-    assert set(clients["task_name"]) == {"landmarks"} and np.isfinite(clients["mse"]).all()
-
-
 def test_lps_averages_task_layers_only_within_a_kind_of_task():
     from raymtl.algorithms.hierarchy import COMMON, pick, shape_average, signature
 
@@ -180,22 +168,3 @@ def test_lps_averages_task_layers_only_within_a_kind_of_task():
     assert torch.equal(store["backbone.w"][((1,), COMMON)], torch.tensor([3.0]))  # all three
     assert torch.equal(pick(store, keys[0])["head.w"], torch.tensor([30.0, 30.0]))  # a and c
     assert torch.equal(pick(store, keys[1])["head.w"], torch.tensor([30.0, 30.0]))  # b alone
-
-
-@pytest.mark.parametrize("algorithm", ["hfedavg", "oneshot_hfl", "intra_group"])
-def test_backbone_sharing_algorithms_run_different_tasks(tmp_path, algorithm):
-    import pandas as pd
-
-    from raymtl.runtime import run_experiment
-
-    settings = {
-        "algorithm.name": algorithm,
-        "rounds": 2,
-        "data.partition": {"kind": "iid", "max_samples_per_client": 40},
-    }
-    if algorithm != "intra_group":
-        settings.update({"topology.kind": "hierarchical", "topology.num_lps": 2})
-    clients = pd.read_parquet(run_experiment(config(tmp_path, **settings)) / "clients.parquet")
-    last = clients[clients["round"] == 2]
-    assert np.isfinite(last[last["task_name"] == "attributes"]["f1"]).all()
-    assert np.isfinite(last[last["task_name"] == "landmarks"]["mse"]).all()
