@@ -35,6 +35,7 @@ EXPORTS = {
     "ExperimentConfig": "raymtl.config",
     "ConfigError": "raymtl.config",
     "RunStopped": "raymtl.runtime.faults",
+    "StepFailed": "raymtl.errors",
     "Callback": "raymtl.api.callbacks",
     "RoundEvent": "raymtl.api.callbacks",
     "Federation": "raymtl.api.federation",

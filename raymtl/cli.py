@@ -3,8 +3,10 @@
 `run`, `compare` and `tune` are `raymtl.run` / `raymtl.resume` / `raymtl.compare` /
 `raymtl.tune` with a progress bar (a `Callback`) and printed tables: one code path for Python
 and the command line. Every user error (bad experiment file, impossible combination, missing
-dataset) is one line on stderr and exit code 2, a run that cannot go on (recoveries used up,
-actors the cluster cannot place) one line and exit code 3 — never a traceback.
+dataset, a plugin's constructor or Params raising) is one line on stderr and exit code 2, a
+run that cannot go on (recoveries used up, actors the cluster cannot place) one line and exit
+code 3, an algorithm's step that raised one line naming it and exit code 1 (the traceback in
+the run's run.log) — never a traceback.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import raymtl
 from raymtl.api.callbacks import Callback, RoundEvent
-from raymtl.api.comparison import print_comparison, report_comparison
-from raymtl.api.mlflow import MLflowCallback
-from raymtl.config import ConfigError, load_raw, parse_config
-from raymtl.metrics import report as report_run
-from raymtl.metrics.report import print_summary
+from raymtl.errors import ConfigError
 from raymtl.runtime.faults import RunStopped
+
+# Only what every command needs is imported here: `raymtl --help` answers without torch,
+# pandas or Ray, and each command imports the rest itself (benchmarks/RESULTS.md, "The
+# command line"). A command forked from `raymtl up` finds them imported (preload.py).
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
@@ -50,6 +52,7 @@ make_consoles()
 BAD_INPUT = 2  # the experiment, an override, the data or a run directory: fix it, run again
 RUN_STOPPED = 3  # recoveries used up, or actors the cluster cannot place: fix it, --resume
 INTERRUPTED = 130  # Ctrl-C: --resume goes on from the last complete checkpoint
+STEP_FAILED = 1  # an algorithm's step raised (a plugin's code): run.log, FAILED; fix, --resume
 
 
 def fail(message: str, code: int = BAD_INPUT) -> None:
@@ -102,6 +105,8 @@ def trackers(mlflow: bool, mlflow_uri: str | None) -> list[Callback]:
     """The tracker callbacks the options ask for."""
     if not (mlflow or mlflow_uri):
         return []
+    from raymtl.api.mlflow import MLflowCallback
+
     return [MLflowCallback(tracking_uri=mlflow_uri)]
 
 
@@ -136,7 +141,8 @@ def run(
                 results = raymtl.run(file, overrides or [], callbacks=callbacks)
         print_results(results)
         # A resumed run's startup table begins with its first command's start: said then.
-        hint = None if resume else start_up_hint(results.config, results.tables.get("startup"))
+        settings = results.config.model_dump(mode="json")
+        hint = None if resume else start_up_hint(settings, results.tables.get("startup"))
         if hint:
             console.print(hint, style="dim", highlight=False, soft_wrap=True)
 
@@ -176,6 +182,8 @@ class interrupted_run:
 
 def print_results(results) -> None:
     """The run's results table, its plots (if it drew any) and where it is."""
+    from raymtl.metrics.report import print_summary
+
     plots = sorted((results.run_dir / "plots").glob("*.png"))
     print_summary(results.summary, f"Results: {results.run_dir}", console, plots)
     console.print(f"results in [bold]{results.location}[/]")
@@ -191,7 +199,8 @@ def start_up_hint(config: dict, startup) -> str | None:
     """One line for a run that started a local Ray of its own (no `runtime.address`, not
     joined to `raymtl up`, `runtime.join_up` not off) and whose first round began
     SLOW_START_S or more after the command: where the seconds went (startup.parquet's first
-    row), and what keeps them off later commands. None otherwise."""
+    row), and what keeps them off later commands. None otherwise. `config`: the run's
+    settings as config.yaml holds them."""
     runtime = config.get("runtime", {})
     if runtime.get("executor") != "ray" or runtime.get("address") or not runtime.get("join_up"):
         return None
@@ -230,6 +239,8 @@ def compare(
     ] = None,
 ) -> None:
     """Run several experiments (or `algorithm.name=a,b`) on the same data and seeds."""
+    from raymtl.api.comparison import print_comparison
+
     with user_errors():
         items = items or []
         if not items and resume is None:
@@ -315,13 +326,31 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="a run directory, or a comparison's")],
 ) -> None:
     """Re-draw the plots and the table of a run (or of a comparison) from its Parquet files."""
+    from raymtl.api.comparison import print_comparison, report_comparison
+    from raymtl.metrics.report import report as report_run
+
     with user_errors():
         if (run_dir / "rounds.parquet").is_file():
             report_run(run_dir, console=console)
+            say_if_failed(run_dir)
         elif run_dir.is_dir():
             print_comparison(report_comparison(run_dir), console)
         else:
             fail(f"run_dir: '{run_dir}' is not a folder")
+
+
+def say_if_failed(run_dir: Path) -> None:
+    """One line under a report of a run marked FAILED (an algorithm's step raised)."""
+    from raymtl.runtime.storage.run_dirs import failed_line
+
+    line = failed_line(run_dir)
+    if line is not None:
+        errors.print(
+            f"[bold red]this run failed:[/] {escape(line)}; `raymtl run --resume {run_dir}` "
+            "goes on from its last complete checkpoint once the code is fixed",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 @app.command()
@@ -385,29 +414,43 @@ def list_components(
     ] = None,
 ) -> None:
     """Algorithms, datasets, partitions, models, topologies and targets with their parameters."""
-    from raymtl.api.catalogue import catalogue_tables
-    from raymtl.plugins import load_plugins, resolve_entry
+    from raymtl.api.catalogue_cache import cache_file, cached_sections, keep_sections, table
 
-    with user_errors():
-        load_plugins([resolve_entry(entry) for entry in plugin or ()])
-    for table in catalogue_tables():
-        console.print(table)
+    # Without plugins, the rows an earlier `raymtl list` kept: no torch import (catalogue_cache)
+    kept = None if plugin else cache_file()
+    sections = cached_sections(kept)
+    if sections is None:
+        from raymtl.api.catalogue import catalogue_rows
+        from raymtl.plugins import load_plugins, resolve_entry
+
+        if plugin:
+            with user_errors():
+                load_plugins([resolve_entry(entry) for entry in plugin])
+        sections = catalogue_rows()
+        keep_sections(kept, sections)
+    for title, rows in sections:
+        console.print(table(title, rows))
 
 
 class user_errors:
-    """Turn configuration and data errors into one line + exit 2, a run that cannot go on
-    into one line + exit 3."""
+    """Turn configuration and data errors (a plugin's constructor or Params raising
+    included) into one line + exit 2, a run that cannot go on into one line + exit 3, an
+    exception in an algorithm's step into one line naming it + exit 1 (its traceback in the
+    run's run.log)."""
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, error, tb):
         from raymtl.data import DatasetMissing
+        from raymtl.errors import StepFailed
 
         if isinstance(error, ConfigError | DatasetMissing):
             fail(str(error).splitlines()[0])
         if isinstance(error, RunStopped):
             fail(str(error).splitlines()[0], RUN_STOPPED)
+        if isinstance(error, StepFailed):
+            fail(error.line, STEP_FAILED)
         return False
 
 
@@ -420,4 +463,4 @@ def main() -> None:
         sys.exit(INTERRUPTED)
 
 
-__all__ = ["app", "main", "load_raw", "parse_config"]
+__all__ = ["app", "main"]

@@ -13,12 +13,12 @@ or a path to a .py file), that registers what the experiment then names:
 Every registry checks what it is given against its contract and raises a one-line
 ValueError when it breaks it; the experiment reports that as `plugins: 'module': ...`.
 The training helpers are the ones the built-in algorithms use (docs/EXTENDING.md walks
-through a whole algorithm).
+through two whole algorithms, and its reference table says what each name here is).
 """
 
 from __future__ import annotations
 
-from raymtl.algorithms.aggregate import by_sender, weighted_average
+from raymtl.algorithms.aggregate import by_sender, is_finite, weighted_average
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -30,10 +30,12 @@ from raymtl.algorithms.base import (
     State,
     StepContext,
     client_name,
+    index_of,
 )
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
+    LossHook,
     derive_seed,
     evaluate,
     load_received,
@@ -42,19 +44,23 @@ from raymtl.algorithms.training import (
     model_tensors,
     train_local_model,
 )
-from raymtl.data import Pool, register_dataset, register_partition
+from raymtl.data import ClientData, Pool, register_dataset, register_partition
 from raymtl.flops import add_flops
 from raymtl.graph import register_topology
 from raymtl.models import FedModel, register_model
 from raymtl.tasks import Targets, register_target
+from raymtl.tasks.objectives import task_loss
+from raymtl.tasks.spec import TaskSpec
 
 __all__ = [
     "SERVER",
     "Algorithm",
+    "ClientData",
     "FedAvg",
     "FedModel",
     "FederationInfo",
     "LocalTrainingParams",
+    "LossHook",
     "Message",
     "Params",
     "Phase",
@@ -62,11 +68,14 @@ __all__ = [
     "State",
     "StepContext",
     "Targets",
+    "TaskSpec",
     "add_flops",
     "by_sender",
     "client_name",
     "derive_seed",
     "evaluate",
+    "index_of",
+    "is_finite",
     "load_received",
     "load_tensors",
     "local_sgd",
@@ -77,6 +86,7 @@ __all__ = [
     "register_partition",
     "register_target",
     "register_topology",
+    "task_loss",
     "train_local_model",
     "weighted_average",
 ]

@@ -9,6 +9,8 @@ Everything else (config validation, the CLI's `list`, the runtime hosts) looks
 algorithms up here, so adding an algorithm never touches an if/elif chain.
 `register` checks the class against the contract of `Algorithm` first
 (`check_contract`), so a broken plugin fails where it is defined, in one line.
+`algorithm_params` and `build_algorithm` make an algorithm from an experiment's settings: what
+a plugin's `Params` or constructor raises there is one line naming the class and the settings.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from raymtl.algorithms.base import (
     Algorithm,
     Params,
 )
+from raymtl.errors import ConfigError, raised, raised_at
 from raymtl.registry import Registry, identity
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm.name")
@@ -83,8 +86,11 @@ def _steps_problem(cls: type[Algorithm]) -> str | None:
     `cls` does not define (checked with the default params)."""
     try:
         algorithm = cls(cls.Params(), None)
-    except ValidationError:
-        return None  # fields without defaults: the phases can only be known from a config
+    except Exception:  # a user's code may raise anything
+        # Fields without defaults, or a constructor that refuses the defaults (or always
+        # raises): the phases can only be known from an experiment's settings, and the
+        # driver reports what the constructor raised there, in one line (`build_algorithm`).
+        return None
     for round_index in (1, 2):
         try:
             phases = list(algorithm.phases(round_index, 2))
@@ -109,6 +115,45 @@ def _steps_problem(cls: type[Algorithm]) -> str | None:
                     "does not define"
                 )
     return None
+
+
+def algorithm_params(name: str, values: dict) -> Params:
+    """`values` (algorithm.params) validated by algorithm `name`'s `Params`. A pydantic
+    ValidationError passes (config/checks.py names the field); anything else its validators
+    raise is one ConfigError line naming the class, the settings and where it raised."""
+    cls = get_algorithm(name)
+    try:
+        return cls.Params(**values)
+    except ValidationError:
+        raise
+    except Exception as error:  # a user's code may raise anything
+        call = f"{cls.__qualname__}.Params({settings(values)})"
+        raise ConfigError(culprit_line(name, call, error, cls.Params)) from error
+
+
+def build_algorithm(name: str, params: Params, model_factory=None) -> Algorithm:
+    """Algorithm `name` built with `params`; an exception its constructor raises (a plugin's
+    that refuses some settings, or always) is one ConfigError line naming the class, the
+    settings it was given and where it raised: never a traceback, never taken for an import
+    error."""
+    cls = get_algorithm(name)
+    try:
+        return cls(params, model_factory)
+    except Exception as error:  # a user's code may raise anything
+        given = params.model_dump(exclude_unset=True) if isinstance(params, Params) else {}
+        call = f"{cls.__qualname__}({settings(given) or 'default algorithm.params'})"
+        raise ConfigError(culprit_line(name, call, error, cls)) from error
+
+
+def settings(values: dict) -> str:
+    """'beta=2.0, lr=0.1': algorithm.params as a call's arguments."""
+    return ", ".join(f"{key}={value!r}" for key, value in values.items())
+
+
+def culprit_line(name: str, call: str, error: BaseException, code: type) -> str:
+    """`algorithm.params: Call(settings) raised Error: text (algorithm name, file:line)`."""
+    where = raised_at(error, code)
+    return f"algorithm.params: {call} raised {raised(error)} (algorithm {name}, {where})"
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

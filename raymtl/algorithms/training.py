@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from fractions import Fraction
 
 import torch
@@ -110,11 +110,21 @@ def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         state[name].copy_(value)
 
 
-def load_received(model: nn.Module, inbox: Sequence[Message]) -> None:
-    """Load what every received message carries into `model`, in inbox order (entries no
-    message names keep their values): a global model, an LPS's model, a regularised one."""
+def load_received(
+    model: nn.Module, inbox: Sequence[Message], kinds: str | Collection[str] | None = None
+) -> None:
+    """Load what the received messages of `kinds` carry into `model`, in inbox order (entries
+    no message names keep their values): a global model, an LPS's model, a regularised one.
+
+    `kinds` None (the default) loads every message: right for an inbox that holds only
+    models. An inbox that also brings other tensors under the parameters' names (SCAFFOLD's
+    control variate beside the global model) names the model's kind, e.g. "global_model";
+    messages of other kinds are then left alone.
+    """
+    wanted = (kinds,) if isinstance(kinds, str) else kinds
     for message in inbox:
-        load_tensors(model, message.tensors)
+        if wanted is None or message.kind in wanted:
+            load_tensors(model, message.tensors)
 
 
 def train_local_model(state: State, ctx, params) -> float:

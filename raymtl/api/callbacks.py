@@ -16,8 +16,12 @@ callbacks too.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raymtl.runtime.loop.events import RoundEvent
+
+if TYPE_CHECKING:  # imported for the annotation only: the CLI imports this module at start
+    from raymtl.config import ExperimentConfig
 
 __all__ = ["Callback", "RoundEvent"]
 
@@ -26,8 +30,9 @@ class Callback:
     """Hooks the driver calls after every round (and at a run's start and end); every one
     is optional. A `RoundEvent` is what `on_round_end` sees."""
 
-    def on_run_start(self, config, run_dir: Path) -> None:
-        """Before the first seed starts (also on --resume)."""
+    def on_run_start(self, config: ExperimentConfig, run_dir: Path) -> None:
+        """Before the first seed starts (also on --resume). `config` is the validated
+        experiment, the same type as `Results.config` (`config.model_dump()`: a dict)."""
 
     def on_round_end(self, event: RoundEvent) -> bool | None:
         """After every round; return True to stop this seed after it."""

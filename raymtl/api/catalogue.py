@@ -9,10 +9,10 @@ from __future__ import annotations
 import inspect
 
 from pydantic import BaseModel
-from rich.markup import escape
 from rich.table import Table
 
 from raymtl.algorithms import all_algorithms
+from raymtl.api.catalogue_cache import Section, table
 from raymtl.config.data import PartitionConfig
 from raymtl.data import PARTITIONS, SOURCES
 from raymtl.data.source_registry import COMMON_ARGS as SOURCE_ARGS
@@ -103,15 +103,6 @@ def partition_params(spec) -> str:
     return ", ".join(parts)
 
 
-def table(title: str, rows: list[tuple[str, str, str]]) -> Table:
-    result = Table(title=title, title_justify="left", show_lines=False)
-    for column in ("name", "what", "parameters"):
-        result.add_column(column, overflow="fold")
-    for row in rows:
-        result.add_row(*(escape(cell) for cell in row))  # "[i, j]" is text, not markup
-    return result
-
-
 def algorithm_rows() -> list[tuple[str, str, str]]:
     return [
         (
@@ -180,16 +171,22 @@ def task_rows() -> list[tuple[str, str, str]]:
     ]
 
 
+def catalogue_rows() -> list[Section]:
+    """(title, rows) per registry: algorithms, datasets, partitions, models, topologies,
+    targets (what catalogue_cache.py keeps between commands)."""
+    return [
+        ("algorithms (algorithm.name)", algorithm_rows()),
+        ("datasets (data.name)", source_rows()),
+        ("partitions (data.partition.kind)", partition_rows()),
+        ("models (model.name)", model_rows()),
+        ("topologies (topology.kind)", topology_rows()),
+        ("task targets (data.tasks[].targets)", task_rows()),
+    ]
+
+
 def catalogue_tables() -> list[Table]:
     """One table per registry: algorithms, datasets, partitions, models, topologies, targets."""
-    return [
-        table("algorithms (algorithm.name)", algorithm_rows()),
-        table("datasets (data.name)", source_rows()),
-        table("partitions (data.partition.kind)", partition_rows()),
-        table("models (model.name)", model_rows()),
-        table("topologies (topology.kind)", topology_rows()),
-        table("task targets (data.tasks[].targets)", task_rows()),
-    ]
+    return [table(title, rows) for title, rows in catalogue_rows()]
 
 
 def parameter_counts(name: str) -> str:

@@ -27,6 +27,7 @@ from raymtl.api.running import run
 from raymtl.config import ConfigError, ExperimentConfig, parse_config
 from raymtl.metrics import plot_comparison, results_table
 from raymtl.metrics.delta import delta_table, local_reference, record_deltas
+from raymtl.metrics.report import RESULTS_DROP_ORDER, fit_table
 from raymtl.metrics.tasks import task_table
 from raymtl.paths import make_directory
 
@@ -265,11 +266,13 @@ def task_final_table(summaries: list[dict]) -> pd.DataFrame:
 
 
 def print_comparison(comparison: Comparison, console: Console) -> None:
-    """The comparison's tables as `raymtl compare` prints them."""
+    """The comparison's tables as `raymtl compare` prints them, fitted to the console's
+    width (`fit_table`: columns wrap or are left out by priority, never cut)."""
     summaries = comparison.summaries
-    console.print(results_table(summaries, title=f"comparison ({len(summaries)} experiments)"))
+    results = results_table(summaries, title=f"comparison ({len(summaries)} experiments)")
+    console.print(fit_table(results, console, RESULTS_DROP_ORDER))
     if any(summary.get("tasks") for summary in summaries):
-        console.print(task_table(summaries, title="per task"))
+        console.print(fit_table(task_table(summaries, title="per task"), console))
     if any("delta_vs_local" in summary for summary in summaries):
-        console.print(delta_table(summaries))
+        console.print(fit_table(delta_table(summaries), console))
     console.print(f"comparison in [bold]{comparison.out_dir}[/]")

@@ -10,25 +10,37 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from raymtl.config import ConfigError
+from raymtl.config import ConfigError, ExperimentConfig, parse_config
 from raymtl.metrics.recorder import Recorder
 from raymtl.runtime.storage.location import Location, fetch, is_uri
 from raymtl.runtime.storage.run_dirs import staging_dir
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Results:
-    """A run's outputs: its resolved config, summary.json and every Parquet table.
+    """A run's outputs: its config (the `ExperimentConfig` it ran with, as callbacks'
+    `on_run_start` receives it; `config.model_dump()` is config.yaml as a dict), summary.json
+    and every Parquet table.
 
     `run_dir` is always a local folder holding them: for a run kept at a URI (`uri`), the
     staging folder the driver wrote before publishing.
     """
 
     run_dir: Path
-    config: dict
+    config: ExperimentConfig
     summary: dict
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     uri: str | None = None
+
+    def __repr__(self) -> str:
+        """One line: where, what ran, the final mean accuracy and the tables' names."""
+        accuracy = self.summary.get("final", {}).get("mean_accuracy", {}).get("mean")
+        shown = "" if accuracy is None else f", mean_accuracy={accuracy:.4g}"
+        return (
+            f"Results({self.location!r}, algorithm={self.config.algorithm.name!r}, "
+            f"seeds={self.config.seeds}, rounds={self.config.rounds}{shown}, "
+            f"tables={sorted(self.tables)})"
+        )
 
     @property
     def clients(self) -> pd.DataFrame:
@@ -56,8 +68,9 @@ def results_of(where: str | Path) -> Results:
 
 
 def load_results(run_dir: str | Path) -> Results:
-    """A finished (or interrupted) run's tables as pandas frames, its config and summary; a run
-    kept at a URI is fetched into its local staging folder first."""
+    """A finished (or interrupted) run's tables as pandas frames, its config (config.yaml
+    validated as `--resume` validates it: an `ExperimentConfig`) and summary; a run kept at a
+    URI is fetched into its local staging folder first."""
     if not is_uri(run_dir):
         return read_results(Path(run_dir))
     store = Location.of(str(run_dir))
@@ -70,12 +83,16 @@ def read_results(run_dir: Path, uri: str | None = None) -> Results:
     run_dir = Path(run_dir).resolve()
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"run_dir: '{uri or run_dir}' has no config.yaml (not a run directory)")
+    try:  # validated as a resume validates it: its plugins imported first
+        config = parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    except (ConfigError, ValueError, yaml.YAMLError) as error:
+        raise ConfigError(f"run_dir: '{uri or run_dir}' config.yaml: {error}") from None
     recorder = Recorder.load(run_dir)
     names = {"clients", "rounds", "messages", *(p.stem for p in run_dir.glob("*.parquet"))}
     summary_path = run_dir / "summary.json"
     return Results(
         run_dir=run_dir,
-        config=yaml.safe_load((run_dir / "config.yaml").read_text()),
+        config=config,
         summary=json.loads(summary_path.read_text()) if summary_path.is_file() else {},
         tables={name: recorder.table(name) for name in sorted(names)},
         uri=uri,

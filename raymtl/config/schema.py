@@ -21,7 +21,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from raymtl.algorithms.base import Params
-from raymtl.algorithms.registry import get_algorithm
+from raymtl.algorithms.registry import algorithm_params
 from raymtl.config.base import Section, first_error, size_in_bytes
 from raymtl.config.checks import (
     check_algorithm,
@@ -77,8 +77,9 @@ class AlgorithmConfig(Section):
     params: dict[str, Any] = Field(default_factory=dict)
 
     def typed_params(self) -> Params:
-        """The params validated by the algorithm's own typed model."""
-        return get_algorithm(self.name).Params(**self.params)
+        """The params validated by the algorithm's own typed model (what else a plugin's
+        validators raise: one line naming its class, registry.algorithm_params)."""
+        return algorithm_params(self.name, self.params)
 
 
 class TopologyConfig(Section):

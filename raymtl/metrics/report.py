@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 import yaml
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from raymtl.metrics.costs import (
@@ -36,6 +39,22 @@ SUMMARY_METRICS = (
     ACCURACY_METRICS + tuple(COST_METRICS) + ("total_flops", "client_updates_per_second")
 )
 BIT_UNITS = ("b", "Kb", "Mb", "Gb", "Tb", "Pb")
+# The results table's columns in the order they are left out of a terminal too narrow for
+# them all (summary.json and table.csv keep every figure); the experiment, Acc %, Bits and
+# Faults stay.
+RESULTS_DROP_ORDER = (
+    "Worst20 %",
+    "Seeds",
+    "Std %",
+    "Peak mem",
+    "Worst10 %",
+    "TFLOPs to target",
+    "Time",
+    "TFLOPs",
+    "Bits to target",
+    "Rounds to target",
+)
+UNBOUNDED = 100_000  # a width that measures a table's cells as they are, unwrapped
 
 
 def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
@@ -239,6 +258,79 @@ def results_table(summaries: list[dict], title: str) -> Table:
     return table
 
 
+def fit_table(table: Table, console: Console, drop_order: Sequence[str] = ()) -> Table:
+    """`table` as it fits `console`'s width with no word cut: unchanged when it fits as it
+    is; else each column as wide as its longest value (values never wrap) and its longest
+    header word (headers wrap between words), the room left given to the columns from the
+    left; when even that is too wide, columns are left out, those of `drop_order` (headers)
+    first, then from the right (never the first), and the caption names them."""
+    width, wide = console.width, console.options.update_width(UNBOUNDED)
+    if Measurement.get(console, wide, table).maximum <= width:
+        return table
+    bodies = [list(column.cells) for column in table.columns]
+    limits = []  # (narrowest, widest) of each column's text
+    for column, cells in zip(table.columns, bodies, strict=True):
+        header = Measurement.get(console, wide, column.header)
+        values = [Measurement.get(console, wide, cell).maximum for cell in cells]
+        limits.append((max([header.minimum, *values]), max([header.maximum, *values])))
+    headers = [str(column.header) for column in table.columns]
+    order = [headers.index(h) for h in drop_order if h in headers[1:]]
+    order += [i for i in reversed(range(1, len(headers))) if i not in order]
+
+    def room(kept: list[int]) -> int:
+        """The console's width less what the table adds to its columns' text (borders,
+        padding), minus the narrowest its `kept` columns can be: < 0 does not fit."""
+        overhead = Measurement.get(console, wide, rebuilt(table, bodies, kept)).maximum - sum(
+            limits[i][1] for i in kept
+        )
+        return width - overhead - sum(limits[i][0] for i in kept)
+
+    kept, left_out = list(range(len(headers))), []
+    while room(kept) < 0 and order:
+        left_out.append(order.pop(0))
+        kept.remove(left_out[-1])
+    for index in reversed(left_out[:-1]):  # one left out early may fit beside those kept
+        if room(sorted([*kept, index])) >= 0:
+            kept = sorted([*kept, index])
+    widths, spare = [], room(kept)
+    fits = spare >= 0
+    for i in kept:
+        grown = min(limits[i][1], limits[i][0] + max(spare, 0))
+        spare -= grown - limits[i][0]
+        widths.append(grown)
+    fitted = rebuilt(table, bodies, kept, widths if fits else None)
+    if len(kept) < len(headers):
+        shown = ", ".join(headers[i] for i in range(len(headers)) if i not in kept)
+        note = f"not shown at {width} columns: {shown}"
+        fitted.caption = f"{table.caption}\n{note}" if table.caption else note
+    return fitted
+
+
+def rebuilt(
+    table: Table, bodies: list[list], kept: list[int], widths: list[int] | None = None
+) -> Table:
+    """A copy of `table` (title, caption, box, rows' styles) with the columns `kept`, of
+    `widths` (None: as wide as their text), wrapping between words."""
+    copied = copy.copy(table)
+    copied.columns, copied.rows = [], []
+    for position, index in enumerate(kept):
+        column = table.columns[index]
+        copied.add_column(
+            column.header,
+            header_style=column.header_style,
+            style=column.style,
+            justify=column.justify,
+            vertical=column.vertical,
+            overflow="fold",
+            width=None if widths is None else widths[position],
+            no_wrap=False,
+        )
+    for number, row in enumerate(table.rows):
+        cells = [bodies[index][number] for index in kept]
+        copied.add_row(*cells, style=row.style, end_section=row.end_section)
+    return copied
+
+
 def run_config(run_dir: Path) -> dict:
     """The run's config.yaml as a mapping (empty when it has none)."""
     config_path = Path(run_dir) / "config.yaml"
@@ -273,9 +365,10 @@ def report(run_dir: Path, console: Console | None = None) -> dict:
 
 
 def print_summary(summary: dict, title: str, console: Console, plot_paths: list[Path] = ()) -> None:
-    """A run's results table (and its per-task table), then the plots it has."""
-    console.print(results_table([summary], title=title))
+    """A run's results table (and its per-task table), then the plots it has; the tables
+    fitted to the console's width (`fit_table`)."""
+    console.print(fit_table(results_table([summary], title=title), console, RESULTS_DROP_ORDER))
     if summary.get("tasks"):
-        console.print(task_table([summary], title="Per task"))
+        console.print(fit_table(task_table([summary], title="Per task"), console))
     for path in plot_paths:
         console.print(f"plot: {path}")

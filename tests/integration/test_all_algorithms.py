@@ -154,6 +154,7 @@ def alignment(down_floats: int) -> list[tuple[int, int]]:
 BITS = {
     "fedavg": star(),
     "fedavgm": star(),
+    "scaffold": [(2 * up, 2 * down) for up, down in star()],  # the model and c, each way
     "pfedme": star(),
     "ditto": star(),  # only the global w travels; personal models stay
     "per_fedavg": star(),

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from raymtl.api.callbacks import Callback
+from raymtl.api.federation import Federation
 from raymtl.config import ConfigError
 from raymtl.runtime import resume_experiment, run_experiment
-from raymtl.runtime.loop.federation import Federation
+from raymtl.runtime.loop.federation import Federation as LiveFederation
 from tests.conftest import digits_experiment, write_experiment
 
 
@@ -196,7 +197,7 @@ def test_an_error_raised_while_an_actor_is_built_is_one_line_and_never_recovered
 ):
     cfg = make_config(**{"runtime.executor": "ray", "runtime.max_restarts": 2})
     with pytest.raises(ConfigError, match=rf"^host clients-0: {message}") as raised:
-        Federation(cfg, make_executor=broken_hosts(cfg.runtime, change))
+        LiveFederation(cfg, make_executor=broken_hosts(cfg.runtime, change))
     assert len(str(raised.value).splitlines()) == 1
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith("test-")]
     assert not (run_dir / "faults.parquet").exists()  # no host was lost, nothing replayed

@@ -1,7 +1,7 @@
 """The examples as a user runs them: examples/ copied to a folder outside the repository, so
-their plugins (the FedAvgM algorithm; the `bars` dataset and `tiny_cnn` model) are found only
-through the experiment file's `plugins:`. They give the same results on the Inline and the
-Ray executor, resume exactly, compare with a built-in algorithm, and run through
+their plugins (the FedAvgM and SCAFFOLD algorithms; the `bars` dataset and `tiny_cnn` model)
+are found only through the experiment file's `plugins:`. They give the same results on the
+Inline and the Ray executor, resume exactly, compare with a built-in algorithm, and run through
 `ray job submit` with the project as the job's working_dir or as py_modules."""
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ QUICK = {
 EXAMPLES = {
     "fedavgm": ("fedavgm", "fedavgm_digits.yaml", {"data.partition.max_samples_per_client": 60}),
     "own_data": ("own_data", "own_data.yaml", {"data.params.num_samples": 400}),
+    "scaffold": ("scaffold", "scaffold_digits.yaml", {"data.partition.max_samples_per_client": 60}),
 }
 CLIENT_COLUMNS = ["seed", "round", "client", "loss", "accuracy", "samples", "bits_up", "bits_down"]
 ROUND_COLUMNS = ["seed", "round", "mean_accuracy", "mean_loss", "bits_up", "bits_down"]
@@ -60,7 +61,8 @@ def registries_without_the_repository_examples():
     from raymtl.data.source_registry import SOURCES
     from raymtl.models.registry import MODELS
 
-    registries = [(ALGORITHMS, "fedavgm"), (SOURCES, "bars"), (MODELS, "tiny_cnn")]
+    registries = [(ALGORITHMS, "fedavgm"), (ALGORITHMS, "scaffold")]
+    registries += [(SOURCES, "bars"), (MODELS, "tiny_cnn")]
     saved = [(registry, name, registry.pop(name, None)) for registry, name in registries]
     yield
     for registry, name, entry in saved:
@@ -143,6 +145,32 @@ def test_fedavgm_without_momentum_is_fedavg_exactly(project, tmp_path):
     pd.testing.assert_frame_equal(momentum[bits], plain[bits])
     uploads = momentum.groupby("round")["bits_up"].apply(lambda b: (b > 0).sum())
     assert uploads.tolist() == [2, 2, 2]  # ⌈0.5·4⌉ sampled clients upload each round
+
+
+def test_scaffold_round_one_is_fedavgs_with_twice_the_bits(project, tmp_path):
+    """c = c_i = 0 in round 1 and η_g = 1: SCAFFOLD's first round is FedAvg's exactly, with
+    the control variates' bits besides (x and c down, y_i and Δc_i up). From round 2 the
+    correction changes the models."""
+    path = quick_experiment(project, "scaffold", tmp_path)
+    scaffold = clients_of(run(path, tmp_path / "scaffold"))
+    fedavg = clients_of(run(path, tmp_path / "fedavg", "algorithm.name=fedavg"))
+    first, bits = scaffold["round"] == 1, ["bits_up", "bits_down"]
+    same = [column for column in CLIENT_COLUMNS if column not in bits]
+    pd.testing.assert_frame_equal(scaffold.loc[first, same], fedavg.loc[first, same])
+    pd.testing.assert_frame_equal(scaffold[bits], 2 * fedavg[bits])
+    assert (scaffold["bits_up"] > 0).sum() == 3 * 2  # ⌈0.5·4⌉ clients a round upload
+    later = ~first
+    assert not scaffold.loc[later, "loss"].equals(fedavg.loc[later, "loss"])
+
+
+def test_scaffold_refuses_momentum_in_one_line(project, tmp_path):
+    path = quick_experiment(project, "scaffold", tmp_path)
+    result = CliRunner().invoke(app, ["run", str(path), "algorithm.params.momentum=0.5"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        "error: algorithm.params.momentum: SCAFFOLD's correction needs plain SGD steps (use 0)"
+    )
+    assert list(tmp_path.iterdir()) == []  # refused before any run directory (output.dir)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))

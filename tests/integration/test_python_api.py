@@ -59,7 +59,7 @@ def test_run_takes_a_mapping_and_returns_its_results(tmp_path):
     assert results.run_dir.is_dir() and results.run_dir.parent == tmp_path
     assert results.run_dir.name.startswith("test-")
     assert results.rounds["round"].tolist() == [1, 2]
-    assert results.config["rounds"] == 2 and results.summary["algorithm"] == "fedavg"
+    assert results.config.rounds == 2 and results.summary["algorithm"] == "fedavg"
     assert 0 < results.summary["final"]["mean_accuracy"]["mean"] <= 1
     assert set(results.clients["client"]) == set(range(6))
     again = raymtl.load_results(results.run_dir)
@@ -149,7 +149,7 @@ def test_compare_returns_the_table_and_every_run(tmp_path):
     assert list(comparison.runs) == ["test-fedavg", "test-local"]
     local = comparison.runs["test-local"]
     assert local.run_dir == comparison.out_dir / "test-local"
-    assert local.config["algorithm"]["name"] == "local"
+    assert local.config.algorithm.name == "local"
     assert [s["algorithm"] for s in comparison.summaries] == ["test-fedavg", "test-local"]
     # Local is the reference of Δ%: 0 for itself
     assert local.summary["delta_vs_local"]["delta_percent"]["mean"] == 0

@@ -88,7 +88,7 @@ def test_the_python_api_runs_and_loads_results(tmp_path):
     run_dir = raymtl.run(write(tmp_path), overrides=["rounds=1", "output.plots=false"]).run_dir
     assert run_dir.is_absolute() and run_dir.parent == tmp_path
     results = raymtl.load_results(run_dir)
-    assert results.config["rounds"] == 1 and list(results.rounds["round"]) == [1]
+    assert results.config.rounds == 1 and list(results.rounds["round"]) == [1]
     assert set(results.clients["client"]) == set(range(6)) and not results.messages.empty
     last = results.rounds["mean_accuracy"].iloc[-1]  # the summary is the last round's figure
     assert results.summary["final"]["mean_accuracy"]["mean"] == pytest.approx(last)
@@ -113,7 +113,7 @@ def test_bf16_mixed_precision_trains_like_fp32_and_is_recorded(tmp_path):
     bf16 = raymtl.run(
         write(tmp_path, "b.yaml"), overrides=[*settings, "runtime.precision=bf16-mixed"]
     )
-    assert bf16.config["runtime"]["precision"] == "bf16-mixed"
+    assert bf16.config.runtime.precision == "bf16-mixed"
     first, last = bf16.rounds["mean_loss"].iloc[0], bf16.rounds["mean_loss"].iloc[-1]
     assert last < first - 0.2  # it learns (a cached bf16 weight copy would freeze it)
     # Tracks fp32: the loss (accuracy on ~60 test samples moves in steps of 1/60 and is noisy).
@@ -244,7 +244,7 @@ def test_a_damaged_config_yaml_is_refused_in_one_line(tmp_path):
 
 
 def test_a_federation_reopening_an_edited_run_directory_is_refused(tmp_path):
-    from raymtl.runtime.loop.federation import Federation
+    from raymtl.api.federation import Federation
     from tests.conftest import digits_experiment
 
     run_dir = interrupted(tmp_path)

@@ -218,6 +218,9 @@ def test_ifca_cluster_models_on_cuda(fake_cuda):
         assert_on_cuda(*model.values())
 
 
+# Ditto deep-copies the model it evaluates; copying a fake tensor asks for its data pointer,
+# which torch warns about under FakeTensorMode alone.
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
 def test_ditto_evaluates_a_cuda_model_with_its_kept_personal_tensors(fake_cuda):
     algorithm = fedavg_like(Ditto, DittoParams())
     model = model_on_cuda()

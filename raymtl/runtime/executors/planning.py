@@ -8,11 +8,13 @@ from (source, indices) inside the actor that hosts it.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 
 from raymtl.algorithms.base import SERVER, FederationInfo, client_name, leader_name, lps_name
-from raymtl.algorithms.registry import get_algorithm
+from raymtl.algorithms.registry import build_algorithm, get_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
+from raymtl.errors import raised, raised_at
 from raymtl.plugins import search_paths
 from raymtl.runtime.executors.executor import Executor
 from raymtl.runtime.hosts.host import HostSpec
@@ -57,7 +59,8 @@ def partition(cfg: ExperimentConfig, seed: int):
 
 def check_federation(cfg: ExperimentConfig) -> None:
     """Everything about the first seed's federation that can fail, before Ray starts: the
-    partition, the tasks and models, and the memory of the clients' own state."""
+    partition, the tasks and models (`check_model`), and the memory of the clients' own
+    state."""
     from raymtl.runtime.executors.executor import InlineExecutor
 
     runtime = cfg.runtime
@@ -79,6 +82,7 @@ def check_federation(cfg: ExperimentConfig) -> None:
     federation = build_federation(
         cfg, seed, InlineExecutor(cfg.runtime), pools[cfg.data.name], shards, specs
     )
+    check_model(cfg, federation)  # before check_memory builds the models to measure them
     check_memory(cfg, federation)
 
 
@@ -105,7 +109,7 @@ def check_memory(cfg: ExperimentConfig, federation: FederationInfo, reported: in
     from raymtl.runtime.executors.placement import actors_that_fit, auto_clients_per_actor
     from raymtl.runtime.hosts.memory import available_memory, check_state_memory, parse_bytes
 
-    algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm.typed_params(), None)
+    algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.typed_params())
     runtime, n = cfg.runtime, federation.num_clients
     if runtime.memory_budget is not None:
         budget = parse_bytes(runtime.memory_budget)
@@ -235,16 +239,60 @@ def client_models(cfg: ExperimentConfig, seed: int, shards, specs) -> tuple[str,
 
 
 def check_model(cfg: ExperimentConfig, federation: FederationInfo) -> None:
-    """Build every model once here, so bad `model.params` or a model that does not fit the
-    input fails before any actor starts."""
-    from raymtl.models import build_model
+    """Build every model once here, for each number of classes its clients' tasks have, and
+    pass one sample batch through it (2 zeros of the federation's input shape, on the CPU,
+    without gradients): bad `model.params`, a model that does not fit the input, one that
+    raises, or one whose output size is not its task's classes (a head of 2 outputs on 4
+    classes fails in round 1's loss, one of 10 trains without a word) is one line naming
+    `model.name`, before any actor starts."""
+    import torch
 
-    for name in sorted(set(federation.models)):
+    from raymtl.models import MODELS, build_model
+
+    shape = tuple(federation.input_shape)
+    kinds = {
+        (name, classes, federation.task_specs[task])
+        for name, classes, task in zip(
+            federation.models, federation.num_classes, federation.tasks, strict=True
+        )
+    }
+    for name, classes, task in sorted(kinds, key=lambda kind: (kind[0], kind[1], kind[2].name)):
         params = cfg.model.params if name == cfg.model.name else {}
+        model_cls = MODELS.lookup(name)
+        culprit = f"{'model.name' if name == cfg.model.name else 'model'}: '{name}'"
+        culprit += f" ({model_cls.__qualname__}, {getfile(model_cls)})"
         try:
-            build_model(name, federation.input_shape, max(federation.num_classes), **params)
+            model = build_model(name, shape, classes, **params)
         except ValueError as error:
             raise ConfigError(str(error).splitlines()[0]) from None
+        except Exception as error:  # a user's model may raise anything
+            raise ConfigError(
+                f"{culprit} raised {raised(error)} ({raised_at(error, model_cls)}) when built "
+                f"for input {shape} and {classes} classes"
+            ) from error
+        sample = torch.zeros(2, *shape)
+        try:
+            with torch.no_grad():
+                output = model.eval()(sample)
+        except Exception as error:  # a user's model may raise anything
+            raise ConfigError(
+                f"{culprit} raised {raised(error)} ({raised_at(error, model_cls)}) on a sample "
+                f"batch of 2 zeros of shape {shape}"
+            ) from error
+        gave = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        if gave != (2, classes):
+            size = gave[-1] if isinstance(gave, tuple) and len(gave) == 2 else gave
+            kind = "classes" if task.loss == "cross_entropy" else f"outputs ({task.targets})"
+            raise ConfigError(
+                f"{culprit} outputs {size} values per sample, but task '{task.name}' has "
+                f"{classes} {kind}: its head must output num_classes ({classes}) values (a "
+                f"sample batch of shape {(2, *shape)} gave {gave})"
+            )
+
+
+def getfile(code: type) -> str:
+    """The file a class is defined in ('?' where it has none)."""
+    return getattr(sys.modules.get(code.__module__), "__file__", None) or "?"
 
 
 def surviving_layout(cfg, federation: FederationInfo, executor: Executor, lost) -> dict:
@@ -313,7 +361,7 @@ def check_gpu_fits(cfg: ExperimentConfig, federation, shards: dict, layout: dict
     device_bytes = executor.gpu_memory()
     if not device_bytes:
         return
-    algorithm = get_algorithm(cfg.algorithm.name)(cfg.algorithm.typed_params(), None)
+    algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.typed_params())
 
     def build(name, num_classes):
         params = cfg.model.params if name in (None, cfg.model.name) else {}

@@ -30,6 +30,7 @@ from collections import Counter
 
 from raymtl.algorithms.base import role_of
 from raymtl.config import ConfigError, RuntimeConfig
+from raymtl.errors import StepFailed
 from raymtl.runtime.actors.classes import GRAPH_KIND, start_actor
 from raymtl.runtime.actors.pool import POOL, ActorKind
 from raymtl.runtime.executors.executor import REHOSTABLE_ROLES, Executor, HostsLost, build_error
@@ -274,16 +275,21 @@ class RayExecutor(Executor):
                 self._ray.get(ref)
             except self._ray.exceptions.RayTaskError as error:  # the spec did not unpickle
                 raise build_error(name, error.cause or error) from error
+        refused = None  # the first build error: raised once every build has answered, so
+        # that no other's error is left unread (Ray prints those as "Unhandled error" tracebacks)
         for name, ref in refs.items():
             try:
                 built[name] = self._ray.get(ref)
             except self._ray.exceptions.RayTaskError as error:
-                raise build_error(name, error.cause or error) from error
+                refused = refused or (build_error(name, error.cause or error), error)
             except self._ray.exceptions.RayActorError as error:
                 if error.actor_init_failed:
-                    raise build_error(name, creation_error(error)) from error
+                    refused = refused or (build_error(name, creation_error(error)), error)
+                    continue
                 failed.append(name)
                 detail = detail or one_line(error)[:200]
+        if refused is not None:
+            raise refused[0] from refused[1]
         if failed:
             nodes = {name: self.nodes.get(name, "?") for name in failed}
             raise HostsLost("build", failed, nodes, detail)
@@ -327,7 +333,7 @@ class RayExecutor(Executor):
         refs = {
             name: getattr(self.hosts[name], method).remote(*args) for name, args in calls.items()
         }
-        results, failed, detail = {}, [], ""
+        results, failed, detail, step_failed = {}, [], "", None
         for name, ref in refs.items():
             try:
                 results[name] = self._ray.get(ref)
@@ -345,6 +351,14 @@ class RayExecutor(Executor):
                 else:
                     failed.append(name)
                     detail = detail or one_line(error)[:200]
+            except self._ray.exceptions.RayTaskError as error:
+                if not isinstance(error.cause, StepFailed):
+                    raise
+                # The algorithm's code raised: its line, once every host has answered (Ray
+                # prints an error nobody fetched as an "Unhandled error" traceback).
+                step_failed = step_failed or error.cause
+        if step_failed is not None:
+            raise step_failed from None
         return Answer(results, self._check_quorum(method, calls, failed, detail))
 
     def _rehost(self, name: str, method: str, args: tuple):

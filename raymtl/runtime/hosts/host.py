@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +26,9 @@ from raymtl.algorithms.base import (
     role_of,
 )
 from raymtl.algorithms.base import Message as AlgorithmMessage
-from raymtl.algorithms.registry import get_algorithm
+from raymtl.algorithms.registry import build_algorithm
 from raymtl.config import ExperimentConfig
+from raymtl.errors import StepFailed, raised, raised_at
 from raymtl.flops import FlopMeter, paused, warm_up_counting
 from raymtl.models.registry import num_params
 from raymtl.plugins import load_plugins
@@ -97,9 +99,10 @@ class ParticipantHost:
         load_plugins(self.config.plugins, spec.plugin_paths)
         torch.set_num_threads(max(1, spec.torch_threads))
         deterministic(self.config.runtime.deterministic, spec.device)
-        algorithm_cls = get_algorithm(self.config.algorithm.name)
         self.models = HostModels(self.config, spec)
-        self.algorithm = algorithm_cls(self.config.algorithm.typed_params(), self.models.build)
+        self.algorithm = build_algorithm(
+            self.config.algorithm.name, self.config.algorithm.typed_params(), self.models.build
+        )
         self.flops = FlopMeter()
         self.data = HostData(self.config, spec, self.algorithm.uses_public, self.pool)
         # Clients are built on first use (clients.py); other roles are few and kept whole.
@@ -170,7 +173,10 @@ class ParticipantHost:
             states = [self._checkout(p, slot) for slot, p in enumerate(batch)]
             inbox_list, contexts = [i for i, _, _ in inputs], [c for _, _, c in inputs]
             with AlgorithmWarnings() as warned, self.precision(batch[0]):
-                outputs, flops = self._run_steps(phase, step, states, inbox_list, contexts)
+                try:
+                    outputs, flops = self._run_steps(phase, step, states, inbox_list, contexts)
+                except Exception as error:  # the algorithm's code: a plugin's, or a bug
+                    raise self._step_failed(phase, batch, round_index, error) from error
             result.flops += flops
             who = "+".join(batch)
             result.warnings += [
@@ -199,6 +205,19 @@ class ParticipantHost:
             else:
                 outputs = [step(states[0], inboxes[0], contexts[0])]
         return outputs, counted.flops
+
+    def _step_failed(self, phase: Phase, batch: list[str], round_index: int, error) -> StepFailed:
+        """What a step raised, as one line naming the algorithm, its class's method, the
+        exception and where it was raised (the step's code, or the built-in code it calls),
+        with the participants, seed and round; the whole traceback goes with it (run.log)."""
+        method = self._batched(phase) or phase.step
+        cls = type(self.algorithm)
+        line = (
+            f"algorithm {self.config.algorithm.name}: {cls.__qualname__}.{method} raised "
+            f"{raised(error)} ({raised_at(error, cls)}; {'+'.join(batch)}, seed "
+            f"{self.spec.seed}, round {round_index})"
+        )
+        return StepFailed(line, "".join(traceback.format_exception(error)))
 
     def _batched(self, phase: Phase) -> str | None:
         """Under runtime.batch_clients > 1, the method that runs a client phase's clients

@@ -29,8 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raymtl.algorithms.base import client_name
-from raymtl.algorithms.registry import get_algorithm
+from raymtl.algorithms.registry import build_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
+from raymtl.errors import StepFailed
 from raymtl.metrics import Recorder
 from raymtl.runtime.executors.executor import Executor, HostsLost
 from raymtl.runtime.executors.launch import ExecutorMaker, executor_factory
@@ -55,7 +56,9 @@ from raymtl.runtime.storage.location import Location, publish
 from raymtl.runtime.storage.run_dirs import (
     bound_config,
     check_bound,
+    clear_failed,
     finish_run,
+    mark_failed,
     reopen_run,
 )
 from raymtl.runtime.warm import preload
@@ -101,8 +104,7 @@ class Federation:
         self.recorder = recorder or Recorder.load(self.run_dir)
         self.make_executor = ExecutorMaker.of(make_executor or executor_factory(cfg))
         # The driver only asks the algorithm for its phases; it never builds models.
-        params = cfg.algorithm.typed_params()
-        self.algorithm = get_algorithm(cfg.algorithm.name)(params, None)
+        self.algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.typed_params())
         self.seed_dir = store.child("checkpoints", f"seed{self.seed}")
         if self.seed_dir.child("DONE").is_file():
             raise ConfigError(
@@ -118,6 +120,9 @@ class Federation:
         # and the (round, host) pairs killed already: a replayed round kills nobody again.
         self._injections: dict[int, list[str]] | None = None
         self._injected: set[tuple[int, str]] = set()
+        failed_before = clear_failed(self.run_dir, store)  # it goes on: no longer failed
+        if failed_before is not None:
+            log.warning("%s failed before (%s); going on", store.uri, failed_before)
         if self._own_run:
             for callback in self.callbacks:
                 callback.on_run_start(cfg, self.run_dir)
@@ -202,6 +207,16 @@ class Federation:
                 return then() if then is not None else event
             except HostsLost as fault:
                 self._recover(fault)
+            except StepFailed as error:  # the algorithm's code raised: no fault to recover
+                raise self._failed(error) from error
+
+    def _failed(self, error: StepFailed) -> StepFailed:
+        """An algorithm's step raised: the run is marked failed (FAILED with the line, the
+        step's traceback in run.log), so it never looks like an interrupted run; the error
+        goes on naming where the traceback is (one line and exit 1 from the command)."""
+        self.recorder.flush()
+        log_file = mark_failed(self.run_dir, self.store, error.line, error.details)
+        return StepFailed(f"{error.line}; the traceback is in {log_file}", error.details)
 
     def _open(self) -> None:
         """Start the hosts from the seed's last complete checkpoint (round 0: the start). A

@@ -1,5 +1,6 @@
 """A run's directory: where a new one is made (a path or a URI), its config.yaml, what may
-change when it is resumed, and what is written once it has run (summary, plots)."""
+change when it is resumed, what is written once it has run (summary, plots), and the marks of
+a run that stopped on an error in an algorithm's code (FAILED, run.log)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ from raymtl.runtime.storage.location import Location, fetch, is_uri, publish
 # What a resume may change: the rounds (only more), and where and how it runs (the executors
 # give identical results: a run may resume on another machine or cluster).
 RESUMABLE_CHANGES = ("rounds", "runtime")
+# A run stopped by an exception in an algorithm's step: FAILED holds its one line, run.log the
+# whole traceback of every such failure (appended: a resumed run that fails again adds its own).
+FAILED, RUN_LOG = "FAILED", "run.log"
 
 
 def check_output_dir(cfg: ExperimentConfig) -> None:
@@ -201,3 +205,33 @@ def finish_run(cfg: ExperimentConfig, run_dir: Path, store: Location, callbacks=
     publish(run_dir, store)
     for callback in callbacks:
         callback.on_run_end(run_dir)
+
+
+def mark_failed(run_dir: Path, store: Location, line: str, details: str) -> str:
+    """Mark a run stopped by an error in an algorithm's code (a StepFailed): FAILED with its
+    line, and run.log with the time, the line and the step's whole traceback, in the run
+    directory and where the run lives. Returns where run.log is (a path or a URI), for the
+    line the user reads; an interrupted run has neither file, and `raymtl run --resume`
+    goes on from the last complete checkpoint either way."""
+    run_dir = Path(run_dir)
+    (run_dir / FAILED).write_text(f"{line}\n")
+    with (run_dir / RUN_LOG).open("a") as log:
+        log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} FAILED: {line}\n{details.rstrip()}\n\n")
+    publish(run_dir, store)
+    return store.child(RUN_LOG).uri
+
+
+def failed_line(run_dir: str | Path) -> str | None:
+    """The line of a run marked FAILED (`mark_failed`; a path or a URI), or None."""
+    marker = Location.of(run_dir).child(FAILED)
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+def clear_failed(run_dir: Path, store: Location) -> str | None:
+    """A failed run goes on (`raymtl run --resume`, the code fixed): its FAILED mark goes (a
+    new failure writes it again; run.log keeps the old traceback). Returns the old line."""
+    line = failed_line(store.uri)
+    if line is not None:
+        store.child(FAILED).delete()
+        (Path(run_dir) / FAILED).unlink(missing_ok=True)
+    return line

@@ -51,15 +51,39 @@ class Service:
     preloaded: int | None = None  # pid of its preloaded process (preload.py), if any
 
 
+# Ray's notices, at its start, about the token it makes for a local Ray (it sets RAY_AUTH_MODE
+# and keeps the token in ~/.ray): nothing the user of a Ray of raymtl's own can act on.
+TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+TOKEN_NOTICES = (
+    "Token authentication is enabled for this Ray cluster",
+    "Generated new authentication token",
+)
+
+
+class DropTokenNotices(logging.Filter):
+    """Drops Ray's TOKEN_NOTICES; its other records (a token missing, an error) pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(TOKEN_NOTICES)
+
+
 def quiet_local_ray(num_cpus: int | None, dashboard: bool) -> dict:
     """ray.init's settings for a Ray of this process's own ("local": never a `ray start`
-    head running here); its workers use this interpreter, where raymtl is installed."""
+    head running here); its workers use this interpreter, where raymtl is installed.
+
+    Quiet: Ray's driver logs warnings and errors only (with the dashboard asked for, also
+    the INFO line giving its address), and its TOKEN_NOTICES are dropped (installed here,
+    once, on Ray's logger of them)."""
+    token_logger = logging.getLogger(TOKEN_LOGGER)
+    if not any(isinstance(f, DropTokenNotices) for f in token_logger.filters):
+        token_logger.addFilter(DropTokenNotices())
     return {
         "address": "local",
         "num_cpus": num_cpus,
         "include_dashboard": dashboard,
         "dashboard_host": "127.0.0.1",
         "log_to_driver": False,
+        "logging_level": logging.INFO if dashboard else logging.WARNING,
     }
 
 
@@ -258,7 +282,8 @@ def join(ray, join_up: bool) -> Service | None:
 
         Config.initialize("")
     try:
-        ray.init(address=service.address, log_to_driver=False)
+        # Ray's INFO lines of joining (its address, "Connected") are raymtl's business
+        ray.init(address=service.address, log_to_driver=False, logging_level=logging.WARNING)
         pool = ray.get_actor(POOL_NAME, namespace=NAMESPACE)
     except Exception as error:  # stopping, or not ours to join: a Ray of the run's own
         log.warning("raymtl up (pid %d) not joined: %s", service.pid, str(error)[:200])
