@@ -148,6 +148,26 @@ def kill_host_after_round(ray, host: str, after_round: int, restart: bool, kille
     return kill
 
 
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory):
+    """`reference_run(**settings)`: the run directory of `digits_experiment(**settings)`, run
+    once per test session and shared by every test that compares a recovered, resumed or
+    faulty run with it (keyed by the validated experiment, output folder aside)."""
+    from raymtl.runtime import run_experiment
+
+    runs: dict[str, object] = {}
+
+    def run(**settings):
+        out = tmp_path_factory.mktemp("reference")
+        cfg = parse_config(digits_experiment(out, **settings))
+        key = cfg.model_copy(update={"output": None}).model_dump_json()
+        if key not in runs:
+            runs[key] = run_experiment(cfg, out / "run")
+        return runs[key]
+
+    return run
+
+
 @pytest.fixture
 def make_config(tmp_path):
     """Build a validated ExperimentConfig from dotted overrides."""

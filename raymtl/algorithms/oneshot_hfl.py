@@ -161,6 +161,16 @@ class OneShotHFL(CommonLayers, Algorithm):
         clusters = torch.tensor(labels, dtype=torch.int32)
         return state, [Message(GRAPH, SERVER, "clusters", {"clusters": clusters})]
 
+    def check_resources(self, federation, memory_budget):
+        """Oracle clustering puts each task in an LPS of its own: it needs as many LPSs as
+        tasks (refused before the run, never in round 1's assign step)."""
+        tasks = len(set(federation.tasks))
+        if self.params.clustering == "oracle" and tasks > federation.num_lps:
+            raise ValueError(
+                f"topology.num_lps: {federation.num_lps} LPSs for {tasks} tasks; oracle "
+                "clustering needs one LPS a task"
+            )
+
     def assign(self, state, inbox, ctx):
         fed = ctx.federation
         if self.params.clustering == "oracle":

@@ -173,6 +173,19 @@ class SheafFMTL(Algorithm):
             for i in range(fed.num_clients)
         ]
 
+    def check_resources(self, federation, memory_budget):
+        """`map_init: identity` makes P_ij = I, which needs γ = 1 and equal d_i (one model and
+        head size for every client): refused before the run, never in round 1's step."""
+        if self.params.map_init != "identity":
+            return
+        models = federation.models or ("",) * federation.num_clients
+        kinds = set(zip(models, federation.num_classes, strict=True))
+        if self.params.gamma != 1 or len(kinds) > 1:
+            raise ValueError(
+                "algorithm.params.map_init: identity needs gamma: 1 and one model and head size "
+                "for every client (equal d_i)"
+            )
+
     # -- steps -----------------------------------------------------------------------------
     def announce_dim(self, state, inbox, ctx):
         d_i = torch.tensor([self.flat_theta(state.model).numel()])

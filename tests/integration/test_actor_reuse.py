@@ -25,6 +25,7 @@ def raymtl_actors(ray) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_reused_actors_give_the_results_of_fresh_ones(fresh_actors, tmp_path):
     # FedAvg (server + clients) and SFMTL-Graph (graph service + server + clients): two
     # layouts, two seeds each, one after another on the session's 2 CPUs.
@@ -62,6 +63,7 @@ def test_reused_actors_give_the_results_of_fresh_ones(fresh_actors, tmp_path):
     assert startup["hosts_up_s"].iloc[1] < fresh_startup["hosts_up_s"].iloc[1]
 
 
+@pytest.mark.cluster
 def test_a_federation_that_did_not_finish_keeps_nothing(fresh_actors, tmp_path):
     # stop_after: the first seed stops as a crash would (the seed stays open): its actors
     # are killed, not kept, even inside a reuse session.
@@ -72,6 +74,7 @@ def test_a_federation_that_did_not_finish_keeps_nothing(fresh_actors, tmp_path):
     assert not raymtl_actors(fresh_actors)
 
 
+@pytest.mark.cluster
 def test_a_run_starting_actors_of_its_own_first_kills_the_idle_ones(fresh_actors, tmp_path):
     # Two client actors of 1 CPU kept idle hold both of the session's CPUs: a run with
     # runtime.reuse_actors false inside the same reuse session (an arm of a comparison)

@@ -31,6 +31,7 @@ def clients(run_dir) -> pd.DataFrame:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_damaged_file_read_by_an_actor_falls_back_to_the_previous_checkpoint(
     ray_session, tmp_path, caplog
 ):

@@ -102,6 +102,7 @@ def test_leadership_rotates_and_heads_never_travel(ray_session, tmp_path):
     assert list(rounds["bits_up"] + rounds["bits_down"])[:2] == list(per_round)
 
 
+@pytest.mark.cluster
 def test_the_group_goes_on_when_its_leader_actor_dies(ray_session, tmp_path):
     """max_restarts 0: the lost leader host is replaced and the next member leads."""
     killed = []

@@ -59,9 +59,12 @@ def table(run_dir: Path, name: str, columns: list[str]) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("host", sorted(HOSTS))
-def test_a_lost_host_is_recovered_with_identical_results(ray_session, make_config, tmp_path, host):
+@pytest.mark.cluster
+def test_a_lost_host_is_recovered_with_identical_results(
+    ray_session, make_config, reference_run, tmp_path, host
+):
     settings = {**SETTINGS, **HOSTS[host]}
-    whole = run_experiment(make_config(**settings), tmp_path / "whole")
+    whole = reference_run(**settings)
     killed = []
     cfg = make_config(**settings, **{"runtime.max_restarts": 1})
     recovered = run_experiment(cfg, tmp_path / "faulty", kill_once(ray_session, host, 3, killed))
@@ -80,6 +83,7 @@ def test_a_lost_host_is_recovered_with_identical_results(ray_session, make_confi
     assert faults["recoveries"] == 1 and faults["rounds_replayed"] == 1
 
 
+@pytest.mark.cluster
 def test_the_replay_starts_a_new_actor_only_for_the_lost_host(ray_session, make_config, tmp_path):
     """The hosts that still answer keep their actors through the rollback; the results are
     the fault-free run's (the test above)."""
@@ -103,6 +107,7 @@ def test_the_replay_starts_a_new_actor_only_for_the_lost_host(ray_session, make_
     assert after["clients-1"] == before["clients-1"] and after["server"] == before["server"]
 
 
+@pytest.mark.cluster
 def test_without_restarts_left_a_lost_host_stops_the_run_in_one_line(
     ray_session, make_config, tmp_path
 ):
@@ -136,6 +141,7 @@ class CrashingFedAvg(FedAvg):
 
 
 # Ray's own log lines on stderr (its start-up): `2026-01-01 10:00:00,000<TAB>INFO ...`.
+@pytest.mark.cluster
 def test_recoveries_used_up_is_one_line_and_exit_code_3(ray_session, tmp_path, monkeypatch):
     """`raymtl run` as a user meets it: a client host's process crashes in round 2 and
     runtime.max_restarts is 0."""
@@ -228,6 +234,7 @@ def test_a_layout_that_fits_no_node_left_stops_in_one_line_within_the_wait(crash
     assert fault["action"] == "rolled back to round 2, replaying"
 
 
+@pytest.mark.cluster
 def test_a_run_may_go_on_without_lost_clients_and_resume_exactly_that_federation(
     ray_session, make_config, tmp_path
 ):
@@ -260,6 +267,7 @@ def test_a_run_may_go_on_without_lost_clients_and_resume_exactly_that_federation
     assert set(last[last["round"] == 4]["client"]) == {3, 4, 5}
 
 
+@pytest.mark.cluster
 def test_a_run_kept_at_a_uri_recovers_and_resumes_from_it(
     ray_session, make_config, tmp_path, monkeypatch
 ):

@@ -110,10 +110,11 @@ def test_bad_fault_settings_are_one_line(make_config, settings, line):
 
 # -- real kills on the shared local Ray
 @pytest.mark.ray
+@pytest.mark.cluster
 def test_an_injected_fault_is_recovered_once_with_identical_results(
-    ray_session, make_config, tmp_path
+    ray_session, make_config, reference_run, tmp_path
 ):
-    whole = run_experiment(make_config(**SETTINGS), tmp_path / "whole")
+    whole = reference_run(**SETTINGS, **{"algorithm.name": "fedavg"})
     fault = {"kill": "host", "host": "clients-1", "round": 3}
     cfg = make_config(**SETTINGS, **{"runtime.max_restarts": 1, "runtime.inject_faults": [fault]})
     faulty = run_experiment(cfg, tmp_path / "faulty")  # one recovery: a second kill would stop it
@@ -126,6 +127,7 @@ def test_an_injected_fault_is_recovered_once_with_identical_results(
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_resumed_run_does_not_kill_again(ray_session, make_config, tmp_path):
     """Stopped (as a crash) after round 3, whose start killed clients-1: the resumed run
     replays round 3 from the round-2 checkpoint and kills nobody."""
@@ -141,6 +143,7 @@ def test_a_resumed_run_does_not_kill_again(ray_session, make_config, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.cluster
 def test_without_restarts_an_injected_fault_stops_the_run(ray_session, make_config, tmp_path):
     fault = {"kill": "host", "host": "server", "round": 2}
     cfg = make_config(**SETTINGS, **{"runtime.inject_faults": [fault]})
@@ -154,6 +157,7 @@ def test_without_restarts_an_injected_fault_stops_the_run(ray_session, make_conf
 
 
 @pytest.mark.ray
+@pytest.mark.cluster
 def test_with_clients_to_spare_the_run_goes_on_without_the_killed_actor(
     ray_session, make_config, tmp_path
 ):
@@ -169,6 +173,7 @@ def test_with_clients_to_spare_the_run_goes_on_without_the_killed_actor(
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.cluster
 def test_a_fifth_of_the_client_actors_killed_changes_no_result(ray_session, make_config, tmp_path):
     """The benchmark's run, small: 5 client actors of one client, a fifth of them (one, at
     a round drawn from seed 7) killed; one recovery, the clients' results those of the

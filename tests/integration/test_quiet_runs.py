@@ -42,6 +42,7 @@ ray.shutdown()
 
 
 @pytest.mark.ray
+@pytest.mark.cluster
 def test_a_first_local_ray_of_raymtl_prints_no_ray_log_line(tmp_path):
     """Ray started as `raymtl run` starts it, in a process of its own (the session's Ray is
     running in this one), on a home with no token yet (Ray makes one): its stderr holds no
@@ -84,6 +85,7 @@ class Kept(logging.Handler):
 
 @pytest.mark.ray
 @pytest.mark.slow  # three sets of actors: the first pass, the refused start, the fall-back
+@pytest.mark.cluster
 def test_a_damaged_index_on_ray_falls_back_in_one_line(ray_session, tmp_path, caplog):
     """Every host reads client_0's index, so every build fails on it: the driver names the
     file once, and reads every failed build (none left for Ray to print as unhandled)."""

@@ -250,3 +250,26 @@ def test_a_round_is_the_spec_bit_for_bit():
             assert torch.equal(matrix, expected_maps[i][j]), (i, j)
             assert not torch.equal(matrix, maps[i][j])  # the step did move it
         assert SENT not in state.extras
+
+
+def test_identity_maps_on_unequal_clients_are_refused_before_the_run():
+    """P_ij = I needs γ = 1 and equal d_i: a one-line refusal before any round, where round
+    1's step used to raise it."""
+    sheaf = get_algorithm("sheaf_fmtl")
+    one_model = FederationInfo(2, (4, 4), (10, 10), (1, 8, 8), models=("mlp", "mlp"))
+    sheaf(sheaf.Params(map_init="identity", gamma=1.0), None).check_resources(one_model, 1e9)
+    two_heads = FederationInfo(2, (4, 4), (10, 4), (1, 8, 8), models=("mlp", "mlp"))
+    for params, federation in [({"gamma": 0.5}, one_model), ({"gamma": 1.0}, two_heads)]:
+        algorithm = sheaf(sheaf.Params(map_init="identity", **params), None)
+        with pytest.raises(ValueError, match="^algorithm.params.map_init: identity needs gamma"):
+            algorithm.check_resources(federation, 1e9)
+
+
+def test_oracle_clustering_with_fewer_lps_than_tasks_is_refused_before_the_run():
+    oneshot = get_algorithm("oneshot_hfl")
+    algorithm = oneshot(oneshot.Params(clustering="oracle"), None)
+    federation = FederationInfo(3, (4, 4, 4), (10,) * 3, (1, 8, 8), num_lps=2, tasks=(0, 1, 2))
+    with pytest.raises(ValueError, match="^topology.num_lps: 2 LPSs for 3 tasks; oracle"):
+        algorithm.check_resources(federation, 1e9)
+    enough = FederationInfo(3, (4, 4, 4), (10,) * 3, (1, 8, 8), num_lps=3, tasks=(0, 1, 2))
+    algorithm.check_resources(enough, 1e9)
