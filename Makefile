@@ -16,11 +16,16 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/raymtl compare jobs/demo_digits.yaml "algorithm.name=sfmtl_graph,fedu,fedavg" --out runs/demo
 
+# Two pytest-xdist workers: one runs every test that uses Ray (tests/conftest.py groups them),
+# the other the tests that need none.
+# ARGS: more pytest options, e.g. make test ARGS=--durations=25
+XDIST := -n 2 --dist loadgroup
+
 test: install
-	$(PY) -m pytest -q -m "not cluster"
+	$(PY) -m pytest -q $(XDIST) -m "not cluster" $(ARGS)
 
 test-all: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST) $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not ray and not slow and not cluster"

@@ -39,6 +39,20 @@ class SharedActors:
 SHARED_ACTORS = SharedActors()
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks added here
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the session's Ray is marked `ray` (what `make test-fast` leaves
+    out). Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) every test that uses
+    Ray runs on one worker, in order, so the session still has one local Ray (and one set
+    of shared actors), and the cluster scenarios never contend with it for the cores; the
+    other worker takes the tests that need no Ray."""
+    for item in items:
+        if "ray_session" in item.fixturenames:
+            item.add_marker(pytest.mark.ray)
+        if item.get_closest_marker("ray") or item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def ray_session(tmp_path_factory):
     """One local Ray (2 CPUs, and one GPU that this machine need not have: a resource count

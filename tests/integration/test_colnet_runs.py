@@ -15,8 +15,6 @@ from raymtl.models import build_model
 from raymtl.runtime import run_experiment
 from tests.conftest import digits_experiment, kill_host_after_round
 
-pytestmark = pytest.mark.ray
-
 TWIN_TASKS = [
     {
         "name": "attributes",

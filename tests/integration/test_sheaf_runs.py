@@ -14,8 +14,6 @@ from raymtl.models import build_model
 from raymtl.runtime import resume_experiment, run_experiment
 from tests.conftest import digits_experiment
 
-pytestmark = pytest.mark.ray
-
 SIZES = {"small_cnn": 0.34, "medium_cnn": 0.33, "large_cnn": 0.33}
 
 

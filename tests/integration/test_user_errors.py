@@ -19,8 +19,6 @@ from raymtl.config import ConfigError
 from raymtl.errors import StepFailed
 from tests.conftest import digits_experiment
 
-pytestmark = pytest.mark.ray
-
 ROOT = Path(__file__).resolve().parents[2]
 BARS = str(ROOT / "examples" / "own_data" / "my_data.py")  # 4 classes
 
@@ -179,7 +177,7 @@ def test_params_raising_names_the_class_and_settings(tmp_path, plugins):
     assert run_dirs(tmp_path) == []
 
 
-@pytest.mark.parametrize("executor", ["inline", "ray"])
+@pytest.mark.parametrize("executor", ["inline", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_constructor_raising_on_the_hosts_is_one_line(request, tmp_path, plugins, executor):
     """The driver builds the algorithm without a model factory, so only the hosts meet this
     error: inline, and in a Ray actor, whose RayTaskError is reduced to the host's line."""
@@ -261,7 +259,7 @@ def failed_run(tmp_path, line: str, step_file: str) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("executor", ["inline", "ray"])
+@pytest.mark.parametrize("executor", ["inline", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_step_that_raises_is_one_line_and_marks_the_run_failed(
     request, tmp_path, plugins, executor
 ):

@@ -169,8 +169,11 @@ def build_setup(
     if cfg.runtime.address and cfg.runtime.memory_budget is None:
         check_memory(cfg, federation, executor.memory_available())
     by_name = {client_name(s.client_id): s for s in shards}
-    device = client_device(cfg, executor)  # before the pools travel: a refusal is cheap
+    # Both before the pools travel, so a refusal is cheap; the layout first, as a layout
+    # that cannot fit is refused from the cluster's size alone, and the device probe
+    # starts a task on a GPU share.
     layout = surviving_layout(cfg, federation, executor, lost)
+    device = client_device(cfg, executor)
     if device == "cuda":
         check_gpu_fits(cfg, federation, by_name, layout, executor)
     shared = executor.share_pools(pools)  # once per run in Ray's object store (None inline)
