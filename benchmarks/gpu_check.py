@@ -74,6 +74,7 @@ import yaml  # noqa: E402
 import raymtl  # noqa: E402
 from raymtl.algorithms import all_algorithms  # noqa: E402
 from raymtl.config import RuntimeConfig, parse_config  # noqa: E402
+from raymtl.config.overrides import set_setting  # noqa: E402
 from raymtl.plugins import load_plugins, resolve_entry  # noqa: E402
 
 LIMIT_S = 360.0  # the whole check on one GPU
@@ -223,11 +224,7 @@ def digits(out: Path, **overrides) -> dict:
         "output": {"dir": str(out), "plots": False},
     }
     for key, value in overrides.items():
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        set_setting(raw, key, value)
     return raw
 
 

@@ -6,10 +6,12 @@ import contextlib
 import os
 import signal
 import tempfile
+import time
 
 import pytest
 
 from raymtl.config import parse_config
+from raymtl.config.overrides import set_setting
 from raymtl.runtime.actors.pool import reusing_actors
 
 
@@ -132,11 +134,7 @@ def digits_experiment(tmp_path, **overrides) -> dict:
         "output": {"dir": str(tmp_path), "plots": False},
     }
     for key, value in overrides.items():
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        set_setting(raw, key, value)
     return raw
 
 
@@ -200,6 +198,22 @@ os.environ["RAYMTL_HOME"] = tempfile.mkdtemp(prefix="raymtl-home-")
 
 # Figures that measure the machine, not the learning: they differ between any two runs.
 TIMING = ("wall_time", "client_updates_per_second", "peak_memory", "seconds")
+
+
+def layout_refused_at_once(cfg, run_dir) -> str:
+    """The one line a layout that cannot fit is refused with, within 2 s of the run's start
+    (the data's one-time imports, scikit-learn's 3 s cold, made before the clock starts)."""
+    from raymtl.config import ConfigError
+    from raymtl.runtime import run_experiment
+    from raymtl.runtime.executors.planning import check_federation
+
+    check_federation(cfg)
+    began = time.perf_counter()
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(cfg, run_dir)
+    assert time.perf_counter() - began < 2
+    (line,) = str(refused.value).splitlines()
+    return line
 
 
 def learned(frame):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -18,11 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from raymtl.cli import app
-from raymtl.config import ConfigError
 from raymtl.runtime import run_experiment
-from raymtl.runtime.executors.planning import check_federation
 from raymtl.runtime.faults import RunStopped
-from tests.conftest import actor_serving, write_experiment
+from tests.conftest import actor_serving, layout_refused_at_once, write_experiment
 
 pytestmark = pytest.mark.ray
 
@@ -163,13 +160,7 @@ def test_actors_no_node_can_hold_are_refused_at_once(ray_session, make_config, t
     """Client actors of 3 CPUs on the 2-CPU local Ray: its size is known, so the layout is
     refused before any actor starts, in one line, without waiting out the timeout."""
     settings = {**SETTINGS, "runtime.num_cpus_per_actor": 3, "runtime.placement_timeout_s": 20}
-    cfg = make_config(**settings)
-    check_federation(cfg)  # the data's one-time imports (scikit-learn's: 3 s cold) aside
-    began = time.perf_counter()
-    with pytest.raises(ConfigError) as refused:
-        run_experiment(cfg, tmp_path / "run")
-    assert time.perf_counter() - began < 2
-    (line,) = str(refused.value).splitlines()
+    line = layout_refused_at_once(make_config(**settings), tmp_path / "run")
     assert line == (
         "runtime: not one client actor of 3 CPUs fits: this machine's Ray has 2 CPUs (1 CPU "
         "missing); give a smaller runtime.num_cpus_per_actor or num_gpus_per_actor"

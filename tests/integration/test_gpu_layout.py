@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from raymtl.config import ConfigError, RuntimeConfig
+from raymtl.config import RuntimeConfig
 from raymtl.runtime import run_experiment
-from raymtl.runtime.executors.planning import check_federation
 from raymtl.runtime.faults import RunStopped
+from tests.conftest import layout_refused_at_once
 
 pytestmark = pytest.mark.ray
 
@@ -54,13 +54,7 @@ def test_gpu_shares_that_cannot_fit_are_refused_in_one_line_at_once(
     """8 actors of 0.3 GPU (clients_per_actor: 1) need 2.4 GPUs: refused before any actor
     starts, not left waiting for room that never comes."""
     settings = {**SETTINGS, "runtime.num_gpus_per_actor": 0.3, "runtime.clients_per_actor": 1}
-    cfg = make_config(**settings)
-    check_federation(cfg)  # the data's one-time imports (scikit-learn's: 3 s cold) aside
-    began = time.perf_counter()
-    with pytest.raises(ConfigError) as refused:
-        run_experiment(cfg, tmp_path / "run")
-    assert time.perf_counter() - began < 2
-    (line,) = str(refused.value).splitlines()
+    line = layout_refused_at_once(make_config(**settings), tmp_path / "run")
     assert line == (
         "runtime.clients_per_actor: 1 makes 8 client actors of 0.25 CPU and 0.3 GPU for 8 "
         "clients; this machine's Ray has 2 CPUs and 1 GPU, room for 3 (1.4 GPUs missing); "
