@@ -46,8 +46,8 @@ def pytest_collection_modifyitems(config, items):
     """A test that takes the session's Ray is marked `ray` (what `make test-fast` leaves
     out). Under pytest-xdist (`make test`: `-n 2 --dist loadgroup`) every test that uses
     Ray runs on one worker, in order, so the session still has one local Ray (and one set
-    of shared actors), and the cluster scenarios never contend with it for the cores; the
-    other worker takes the tests that need no Ray."""
+    of shared actors), and no cluster scenario's Ray runs beside it; the other worker takes
+    the tests that need no Ray."""
     for item in items:
         if "ray_session" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
