@@ -4,6 +4,9 @@ exception inside an algorithm's step: `StepFailed`; and the one line taken from 
 
 from __future__ import annotations
 
+import sys
+import traceback
+
 
 class ConfigError(ValueError):
     """A one-line, user-facing configuration error naming the field."""
@@ -34,17 +37,18 @@ def raised_at(error: BaseException, code: type) -> str:
     of a class `code` derives from, in its own package or raymtl (a plugin's class, or the
     built-in one it extends; not torch's or pydantic's), else its innermost frame ('' without
     a traceback)."""
-    import sys
-    import traceback
-
     packages = {code.__module__.partition(".")[0], "raymtl"}
     bases = [k for k in code.__mro__ if k.__module__.partition(".")[0] in packages]
-    modules = {getattr(sys.modules.get(k.__module__), "__file__", None) for k in bases}
-    files = {name for name in modules if name}
+    files = {source_file(k) for k in bases} - {None}
     frames = traceback.extract_tb(error.__traceback__)
     ours = [frame for frame in frames if frame.filename in files]
     frame = (ours or frames or [None])[-1]
     return "" if frame is None else f"{frame.filename}:{frame.lineno}"
+
+
+def source_file(code: type) -> str | None:
+    """The file a class is defined in (None for one defined nowhere on disk)."""
+    return getattr(sys.modules.get(code.__module__), "__file__", None)
 
 
 def raised(error: BaseException) -> str:

@@ -8,13 +8,12 @@ from (source, indices) inside the actor that hosts it.
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 
 from raymtl.algorithms.base import SERVER, FederationInfo, client_name, leader_name, lps_name
 from raymtl.algorithms.registry import build_algorithm, get_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
-from raymtl.errors import raised, raised_at
+from raymtl.errors import raised, raised_at, source_file
 from raymtl.plugins import search_paths
 from raymtl.runtime.executors.executor import Executor
 from raymtl.runtime.hosts.host import HostSpec
@@ -263,7 +262,7 @@ def check_model(cfg: ExperimentConfig, federation: FederationInfo) -> None:
         params = cfg.model.params if name == cfg.model.name else {}
         model_cls = MODELS.lookup(name)
         culprit = f"{'model.name' if name == cfg.model.name else 'model'}: '{name}'"
-        culprit += f" ({model_cls.__qualname__}, {getfile(model_cls)})"
+        culprit += f" ({model_cls.__qualname__}, {source_file(model_cls) or '?'})"
         try:
             model = build_model(name, shape, classes, **params)
         except ValueError as error:
@@ -291,11 +290,6 @@ def check_model(cfg: ExperimentConfig, federation: FederationInfo) -> None:
                 f"{classes} {kind}: its head must output num_classes ({classes}) values (a "
                 f"sample batch of shape {(2, *shape)} gave {gave})"
             )
-
-
-def getfile(code: type) -> str:
-    """The file a class is defined in ('?' where it has none)."""
-    return getattr(sys.modules.get(code.__module__), "__file__", None) or "?"
 
 
 def surviving_layout(cfg, federation: FederationInfo, executor: Executor, lost) -> dict:
