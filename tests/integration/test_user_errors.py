@@ -314,3 +314,26 @@ def test_a_built_in_algorithms_bug_names_the_algorithm_and_step(tmp_path, monkey
     )
     assert "; server, seed 0, round 1); the traceback is in " in line
     failed_run(tmp_path, line, __file__)
+
+
+@pytest.mark.ray
+def test_an_explicit_layout_that_cannot_fit_is_one_line(ray_session, tmp_path):
+    """6 clients, 2 a client actor of 1 CPU each, on the 2-CPU Ray: 3 actors for room for 2,
+    refused before any actor starts, with no traceback of actors that never started."""
+    raw = digits_experiment(
+        tmp_path / "runs",
+        **{
+            "runtime.executor": "ray",
+            "runtime.clients_per_actor": 2,
+            "runtime.num_cpus_per_actor": 1,
+        },
+    )
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    line = one_line(result, 2)
+    assert line.startswith("error: runtime.clients_per_actor: 2 makes 3 client actors of 1 CPU")
+    assert "room for 2" in line
+    assert "Unhandled error" not in result.output
+    (run_dir,) = run_dirs(tmp_path)  # made before Ray: its config.yaml alone, nothing marked
+    assert [p.name for p in run_dir.iterdir()] == ["config.yaml"]
