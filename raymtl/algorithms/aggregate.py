@@ -1,9 +1,17 @@
 """The maths algorithms share to combine what they receive: a fixed order for an inbox, the
-finiteness guard, and the weighted average (Flower's `aggregate` module, as pure torch).
+finiteness guard, the weighted average, and the experiment's toolbox around them (Flower's
+`aggregate` module, as pure torch).
 
     by_sender(inbox)            messages sorted by (sender, kind): float sums that do not
                                 depend on arrival order (inline and Ray give equal results)
     weighted_average(updates)   Σ_k w_k·x_k / Σ_k w_k over the finite updates (None: none)
+    combine(updates, ctx, ...)  the experiment's `aggregation` rule over the finite updates
+                                (mean by samples by default: weighted_average itself), and
+                                on a server with `privacy` its clipped noisy mean (§9.1, 9.3)
+    server_update(state, ...)   the experiment's `server_optimizer` on Δ_t (§9.2)
+
+An averaging step calls `combine` and `server_update` where it used `weighted_average`, and
+so gets every aggregation rule, server optimiser and central DP without knowing which.
 """
 
 from __future__ import annotations
@@ -13,9 +21,13 @@ from collections.abc import Iterable
 
 import torch
 
-from raymtl.algorithms.base import Message
+from raymtl.algorithms.base import SERVER, Message, State, StepContext
+from raymtl.toolbox.settings import Toolbox
 
 log = logging.getLogger(__name__)
+
+Tensors = dict[str, torch.Tensor]
+DEFAULT_TOOLBOX = Toolbox()
 
 
 def by_sender(inbox: list[Message]) -> list[Message]:
@@ -57,3 +69,77 @@ def weighted_sum(
         name: sum(tensors[name] * (weight / total) for tensors, weight in updates)
         for name in updates[0][0]
     }
+
+
+def finite_only(updates: Iterable[tuple[Tensors, float]]) -> list[tuple[Tensors, float]]:
+    """The updates whose tensors are all finite, in the order given (a warning for each
+    other: non-finite updates are never aggregated)."""
+    finite = []
+    for tensors, weight in updates:
+        if is_finite(tensors):
+            finite.append((tensors, weight))
+        else:
+            log.warning("rejected a non-finite update (not aggregated)")
+    return finite
+
+
+def combine(
+    updates: Iterable[tuple[Tensors, float]],
+    ctx: StepContext | None = None,
+    state: State | None = None,
+    reference: Tensors | None = None,
+    slot: str = "",
+) -> Tensors | None:
+    """The models `updates` [(x_k, n_k)] combined as the experiment says (`ctx.toolbox`), in
+    the order given; None when nothing can be combined (then the caller keeps its model).
+
+    - no privacy: the `aggregation` rule (§9.1) over the finite updates; the default (mean
+      by samples) is `weighted_average` itself, bit for bit;
+    - client-level DP with central noise, on the server: the models become updates
+      Δ_k = x_k − `reference` (w_t, what they were trained from), clipped after any decoding,
+      summed with Gaussian noise and divided by m_t (§9.3); the result is w_t + Δ_t. The
+      clip bound lives in `state.extras` (adaptive clipping moves it), under `slot` where
+      one aggregator combines several models (IFCA's clusters).
+    """
+    toolbox = ctx.toolbox if ctx is not None else DEFAULT_TOOLBOX
+    finite = finite_only(updates)
+    if not finite:
+        return None
+    privacy = toolbox.privacy
+    central = privacy.client_level and privacy.noise != "local"
+    if central and ctx is not None and ctx.me == SERVER and reference is not None:
+        from raymtl.algorithms.private_sum import private_combine
+
+        return private_combine(finite, ctx, state, reference, slot)
+    settings = toolbox.aggregation
+    if settings.is_default():
+        total = sum(weight for _, weight in finite)
+        return weighted_sum(finite, total) if total > 0 else None
+    from raymtl.toolbox.rules import combine as by_rule
+    from raymtl.toolbox.rules import krum_refusal
+
+    combined = by_rule(finite, settings)
+    if combined is None and settings.rule in ("krum", "multi_krum"):
+        reason = krum_refusal(len(finite), settings.f)
+        where = ctx.me if ctx is not None else "aggregator"
+        log.warning("%s keeps its model this round: %s", where, reason)
+    return combined
+
+
+def server_update(
+    state: State, reference: Tensors, combined: Tensors, ctx: StepContext | None, slot: str = ""
+) -> Tensors:
+    """w_{t+1} from w_t (`reference`) and the combined models: the experiment's server
+    optimiser on Δ_t = combined − w_t (§9.2), its moments kept in `state.extras` (under
+    `slot` where one server keeps several models); without one, `combined` itself."""
+    toolbox = ctx.toolbox if ctx is not None else DEFAULT_TOOLBOX
+    settings = toolbox.server_optimizer
+    if settings.is_default():
+        return combined
+    from raymtl.toolbox.server_optimizers import server_step
+
+    key = f"server_optimizer{slot}"
+    stepped, state.extras[key] = server_step(
+        settings, reference, combined, state.extras.get(key, {})
+    )
+    return stepped

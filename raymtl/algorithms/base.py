@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from raymtl.tasks.spec import TaskSpec
+from raymtl.toolbox.settings import Toolbox
 
 Role = Literal["client", "server", "lps", "graph", "leader"]
 SERVER = "server"
@@ -165,6 +166,9 @@ class StepContext:
     records: list[tuple[str, dict]] = field(default_factory=list)
     # Roles held by a client this round (a ColNet task leader): participant -> client.
     holders: dict[str, int] = field(default_factory=dict)
+    # The experiment's aggregation rule, server optimiser, privacy, compression and attack
+    # (docs/ALGORITHMS.md §9): `aggregate.combine` and `aggregate.server_update` read it.
+    toolbox: Toolbox = field(default_factory=Toolbox)
 
     @property
     def index(self) -> int:
@@ -173,6 +177,12 @@ class StepContext:
     def record(self, table: str, **row) -> None:
         """Log a metadata row to `<table>.parquet` of the run (seed and round are added)."""
         self.records.append((table, row))
+
+    def report(self, **scalars: float | int | bool) -> None:
+        """Report scalars of this step (a step's τ, an update norm, a clip flag) to the run's
+        `step_metrics.parquet`, one row per call with the participant and the step's round
+        (Flower's fit metrics): `Results.tables["step_metrics"]` reads them."""
+        self.records.append(("step_metrics", {"participant": self.me, **scalars}))
 
     def held_by(self, client: int) -> None:
         """This round, the role running this step is held by `client`: its traffic is that
@@ -210,6 +220,9 @@ TASK_SUPPORT = ("same", "labels", "different")
 MODEL_SUPPORT = ("same", "different")
 KEEPS = ("model", "extras")
 WHO = ("all", "sampled", "inbox")  # Phase.who
+# What of the experiment's toolbox (docs/ALGORITHMS.md §9) an algorithm may honour
+# (`Algorithm.toolbox`): see there.
+TOOLBOX_PARTS = ("aggregation", "server_optimizer", "privacy", "uplink")
 
 ModelFactory = Callable[[str, int], nn.Module]
 
@@ -253,6 +266,19 @@ class Algorithm:
                       message.
       memory_knobs    for an algorithm whose `persistent_bytes` can refuse a run: the
                       settings that shrink the state, quoted in the refusal.
+      toolbox         which of the experiment's toolbox sections (docs/ALGORITHMS.md §9) its
+                      steps honour, any of: "aggregation" (its averaging steps call
+                      `aggregate.combine`), "server_optimizer" (its server calls
+                      `aggregate.server_update`), "privacy" (its server combines the sampled
+                      clients' models with `combine(..., reference=w_t)`: central DP) and
+                      "uplink" (its clients send models up to a server or LPS in messages of
+                      `uplink_kinds`: the hosts compress and attack those). A section set in
+                      the experiment that the algorithm does not honour is refused.
+      combines_otherwise  why it has no aggregation rule, when it combines models otherwise
+                      (HCA, a Laplacian or sheaf step, graph-weighted mixing): quoted when a
+                      rule, server optimiser or DP is refused for it.
+      uplink_kinds    the kinds of the messages a client sends up that carry a whole model
+                      or part of it (names as the model's state_dict), for "uplink".
     """
 
     name: ClassVar[str]
@@ -266,6 +292,9 @@ class Algorithm:
     uses_public: ClassVar[bool] = False
     keeps: ClassVar[tuple[str, ...]] = ("model", "extras")
     memory_knobs: ClassVar[str] = ""
+    toolbox: ClassVar[tuple[str, ...]] = ()
+    combines_otherwise: ClassVar[str] = ""
+    uplink_kinds: ClassVar[tuple[str, ...]] = ("model",)
 
     def __init__(self, params: Params, model_factory: ModelFactory | None):
         self.params = params

@@ -75,7 +75,13 @@ from torch.nn.modules.dropout import _DropoutNd
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from raymtl.algorithms.base import LocalTrainingParams, State
-from raymtl.algorithms.training import derive_seed, local_sgd, params_optimizer, train_local_model
+from raymtl.algorithms.training import (
+    LocalRun,
+    derive_seed,
+    local_sgd,
+    params_optimizer,
+    train_local_model,
+)
 from raymtl.flops import add_passes, paused
 from raymtl.tasks.objectives import task_loss
 from raymtl.tasks.spec import OptimizerSpec, TaskSpec
@@ -165,8 +171,9 @@ def local_sgd_batched(
     params: LocalTrainingParams,
     seeds: list[int],
     tasks: list[TaskSpec | None],
-) -> list[float]:
-    """`local_sgd` for every client at once (call `can_batch` first); returns the mean losses.
+) -> list[LocalRun]:
+    """`local_sgd` for every client at once (call `can_batch` first); returns each client's
+    mean loss and steps (the same count for all: their sample counts are equal).
 
     Each model's parameters and buffers (BatchNorm's running statistics) are updated in
     place. As after the serial loop, every global generator is left seeded with the last
@@ -177,7 +184,7 @@ def local_sgd_batched(
         model.train()
     if n == 0:
         torch.manual_seed(seeds[-1])
-        return [math.nan] * len(models)
+        return [LocalRun(math.nan, 0) for _ in models]
     device = next(models[0].parameters()).device
     forward = _Forward(models[0])
     first = min(params.batch_size, n)
@@ -210,7 +217,8 @@ def local_sgd_batched(
     _write_back(models, trainable, fixed)
     torch.manual_seed(seeds[-1])  # the serial path's last torch.manual_seed(seed) ...
     _set_rng_state(device, rng_states[-1])  # ... and its last client's dropout draws
-    return torch.stack(losses, dim=1).mean(dim=1).tolist()
+    means = torch.stack(losses, dim=1).mean(dim=1).tolist()
+    return [LocalRun(mean, len(losses)) for mean in means]
 
 
 def batched_equals_serial(
@@ -242,12 +250,16 @@ def batched_equals_serial(
     if refusal is not None:
         raise ValueError(f"{model_name}: not batched: {refusal}")
     serial, batched = [copy.deepcopy(m) for m in models], [copy.deepcopy(m) for m in models]
-    serial_losses = [
+    serial_runs = [
         local_sgd(model, x, y, params, seed)
         for model, x, y, seed in zip(serial, xs, ys, seeds, strict=True)
     ]
-    batched_losses = local_sgd_batched(batched, xs, ys, params, seeds, tasks)
-    gaps = [abs(a - b) for a, b in zip(serial_losses, batched_losses, strict=True)]
+    batched_runs = local_sgd_batched(batched, xs, ys, params, seeds, tasks)
+    # Step counts must agree exactly: any difference is a gap of at least 1.
+    gaps = [
+        max(abs(a.loss - b.loss), abs(a.steps - b.steps))
+        for a, b in zip(serial_runs, batched_runs, strict=True)
+    ]
     for one, other in zip(serial, batched, strict=True):
         theirs = other.state_dict()
         gaps += [
@@ -568,24 +580,27 @@ def _loss_name(task: TaskSpec | None) -> str:
     return "cross_entropy" if task is None else task.loss
 
 
-def train_local_models(states: list[State], contexts, params) -> None:
+def train_local_models(states: list[State], contexts, params) -> list[LocalRun]:
     """`train_local_model` for several clients: together (torch.func vmap, batched.py) when
     their architecture, sample count and optimiser allow it, else one after the other, with
-    a warning that says why (once per federation and reason, not every round)."""
+    a warning that says why (once per federation and reason, not every round). Returns each
+    client's `LocalRun`, in the order of `states`."""
     datas = [state.data for state in states]
     models, tasks = [s.model for s in states], [d.task for d in datas]
     refusal = batch_refusal(models, datas, params, tasks) if len(states) > 1 else None
     if len(states) < 2 or refusal is not None:
         if refusal is not None:
             warn_refusal_once(contexts[0].federation, type(models[0]), refusal)
-        for state, ctx in zip(states, contexts, strict=True):
+        return [
             train_local_model(state, ctx, params)
-        return
+            for state, ctx in zip(states, contexts, strict=True)
+        ]
     seeds = [derive_seed(ctx.seed, ctx.round, ctx.me, "train") for ctx in contexts]
     xs, ys = [d.train_x for d in datas], [d.train_y for d in datas]
-    losses = local_sgd_batched(models, xs, ys, params, seeds, tasks)
-    for state, loss in zip(states, losses, strict=True):
-        state.extras["train_loss"] = loss
+    runs = local_sgd_batched(models, xs, ys, params, seeds, tasks)
+    for state, run in zip(states, runs, strict=True):
+        state.extras["train_loss"] = run.loss
+    return runs
 
 
 # The refusals already logged, per federation: a FederationInfo is one object per host and

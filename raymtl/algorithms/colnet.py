@@ -106,6 +106,7 @@ class IntraGroup(Algorithm):
     """Clients average their backbones within their task group only (ColNet's steps 1–2)."""
 
     name = "intra_group"
+    combines_otherwise = "a task group's members mix their models peer to peer"
     summary = "Intra-group: backbones averaged within each task group only (ColNet baseline)"
     Params = ColNetParams
     shapes = ("groups",)
@@ -147,6 +148,7 @@ class IntraGroup(Algorithm):
 @register
 class ColNet(IntraGroup):
     name = "colnet"
+    combines_otherwise = "task leaders combine the groups' backbones by HCA (conflict-averse)"
     summary = "ColNet: task groups, rotating task leaders, HCA across groups (Feng et al. 2025)"
     uses_leaders = True
 
@@ -261,6 +263,7 @@ class ColNet(IntraGroup):
 @register
 class FedPerIC(ColNet):
     name = "fedper_ic"
+    combines_otherwise = "task leaders combine the groups' backbones by HCA (conflict-averse)"
     summary = "FedPer(I&C): backbones averaged within task groups, then plainly across groups"
 
     def cross_group_backbone(self, group_mean, deltas, ctx) -> tuple[dict, list[float]]:

@@ -18,7 +18,8 @@ the global w arrives with every round.
 
 Defaults (the paper's): λ = 0.1, η_p = η, E_p = E. The global part trains with the seed
 FedAvg uses, so w follows FedAvg's trajectory exactly; v_k has its own seed.
-What travels: only w, as in FedAvg; v_k never leaves its client.
+What travels: only w, as in FedAvg; v_k never leaves its client. FedAvg's `local_layers`
+apply to w (fedavg.py); under `epochs_max` the drawn epochs are w's, v_k keeps E_p.
 Bits per round: downlink |S_t|·|w|·32, uplink |S_t|·|w|·32 (FedAvg's).
 """
 
@@ -32,6 +33,7 @@ from torch import nn
 
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message, State
 from raymtl.algorithms.fedavg import FedAvg
+from raymtl.algorithms.local_layers import WholeModelParams
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     derive_seed,
@@ -44,7 +46,7 @@ from raymtl.algorithms.training import (
 from raymtl.tasks.objectives import task_loss
 
 
-class DittoParams(LocalTrainingParams):
+class DittoParams(WholeModelParams):
     lam: float = Field(
         0.1, ge=0, le=1e4, description="λ, pull of the personal model towards w (0: local)"
     )
@@ -84,7 +86,7 @@ def personal_step(
 
     return local_sgd(
         personal, data.train_x, data.train_y, params.personal(), seed, loss, task=data.task
-    )
+    ).loss
 
 
 @register
@@ -115,5 +117,6 @@ class Ditto(FedAvg):
             personal, state.model, state.data, self.params, seed
         )
         state.extras["personal"] = model_tensors(personal)
-        train_local_model(state, ctx, self.params)  # w_k ← LocalSGD(w), FedAvg's seed
-        return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
+        # w_k ← LocalSGD(w), FedAvg's seed and (under epochs_max) FedAvg's drawn epochs
+        train_local_model(state, ctx, self.local_params(ctx))
+        return state, [Message(ctx.me, SERVER, "model", self.shared(state.model))]

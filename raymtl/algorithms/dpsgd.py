@@ -30,6 +30,7 @@ def mix(own: dict, own_weight: float, inbox: list[Message], weights: dict[int, f
 @register
 class DPSGD(Algorithm):
     name = "dpsgd"
+    combines_otherwise = "each client mixes its neighbours' models by the graph's weights"
     summary = "D-PSGD: local SGD then Metropolis-weighted averaging with graph neighbours"
     shapes = ("peer",)
 

@@ -7,10 +7,18 @@ Round t, with S_t the sampled clients (⌈m·N⌉ of N):
     server:          sends w to every i ∈ S_t
     client i ∈ S_t:  w_i ← LocalSGD(w, E epochs, lr)
     server:          w ← Σ_{i∈S_t} n_i·w_i / Σ_{i∈S_t} n_i
+(the experiment's `aggregation`, `server_optimizer` and central `privacy` replace this mean:
+aggregate.combine and aggregate.server_update, docs/ALGORITHMS.md §9)
 Every client is evaluated with the new w (an evaluation_only copy: not traffic).
 Bits per round: downlink |S_t|·|w|·32, uplink |S_t|·|w|·32. A client keeps nothing between
 rounds (`keeps = ()`): the model it trains arrives with the round, so a host holds no model
 per client, whatever N.
+
+`local_layers` (WholeModelParams, local_layers.py): the tensors it names never travel, either
+way; every client keeps its model between rounds (`keeps` then holds "model", per instance),
+loads only the shared tensors it receives and is evaluated with the new shared w over its own
+local layers. `epochs_max`: each sampled client draws its epochs E_k from {E, …, E_max}
+(seeded per round and client); such clients train one by one, never batched.
 
 Local: every client trains on its own data only; nothing is transmitted.
 """
@@ -19,7 +27,7 @@ from __future__ import annotations
 
 import logging
 
-from raymtl.algorithms.aggregate import by_sender, weighted_average
+from raymtl.algorithms.aggregate import by_sender, combine, server_update
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -30,6 +38,13 @@ from raymtl.algorithms.base import (
     index_of,
 )
 from raymtl.algorithms.batched import train_local_models
+from raymtl.algorithms.local_layers import (
+    WholeModelParams,
+    check_local_layers,
+    local_names,
+    round_params,
+    shared_tensors,
+)
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
     load_received,
@@ -45,8 +60,35 @@ log = logging.getLogger(__name__)
 class FedAvg(Algorithm):
     name = "fedavg"
     summary = "FedAvg: sample-weighted model averaging on a server (McMahan et al. 2017)"
+    Params = WholeModelParams
     shapes = ("star",)
     keeps = ()  # the model arrives with each round; evaluation uses the round's broadcast
+    toolbox = ("aggregation", "server_optimizer", "privacy", "uplink")
+
+    def __init__(self, params, model_factory):
+        super().__init__(params, model_factory)
+        # A subclass whose Params has no `local_layers` (Per-FedAvg, FedRep) ships whole models.
+        self.local_layers = getattr(params, "local_layers", None)
+        if self.local_layers is not None:  # the local layers live only in the client's model
+            self.keeps = tuple(dict.fromkeys(("model", *type(self).keeps)))
+
+    def batched_step(self, phase):
+        # Clients trained together share one schedule: with epochs drawn per client they
+        # train one by one (the same maths).
+        if getattr(self.params, "epochs_max", None) is not None:
+            return None
+        return super().batched_step(phase)
+
+    def shared(self, model) -> dict:
+        """What of `model` travels: its floating-point tensors but the local layers."""
+        if self.local_layers is None:
+            return model_tensors(model)
+        return shared_tensors(model, local_names(model, self.local_layers))
+
+    def local_params(self, ctx):
+        """The local-training settings of this client this round: `self.params` with its
+        drawn epochs E_k under `epochs_max` (local_layers.round_params)."""
+        return round_params(self.params, ctx)
 
     def phases(self, round_index, rounds):
         return [
@@ -57,19 +99,23 @@ class FedAvg(Algorithm):
 
     def init_state(self, participant, data, federation):
         if participant == SERVER:
-            return State(model=self.model_factory(SERVER, federation.num_classes[0]))
-        return super().init_state(participant, data, federation)
+            state = State(model=self.model_factory(SERVER, federation.num_classes[0]))
+        else:
+            state = super().init_state(participant, data, federation)
+        check_local_layers(state.model, self.local_layers, participant)
+        return state
 
     def broadcast(self, state, inbox, ctx):
-        global_model = model_tensors(state.model)  # one payload, stored once for all
+        global_model = self.shared(state.model)  # one payload, stored once for all
         return state, [
             Message(SERVER, client_name(i), "global_model", global_model) for i in ctx.sampled
         ]
 
     def train(self, state, inbox, ctx):
-        load_received(state.model, inbox)  # keeps nothing: the round starts from the global w
-        train_local_model(state, ctx, self.params)
-        return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
+        # The round starts from the global w (over the client's own local layers, if any).
+        load_received(state.model, inbox)
+        train_local_model(state, ctx, self.local_params(ctx))
+        return state, [Message(ctx.me, SERVER, "model", self.shared(state.model))]
 
     def train_batch(self, states, inboxes, contexts):
         """`train` for clients trained together (runtime.batch_clients): the same maths."""
@@ -77,17 +123,18 @@ class FedAvg(Algorithm):
             load_received(state.model, inbox)
         train_local_models(states, contexts, self.params)
         return [
-            (state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))])
+            (state, [Message(ctx.me, SERVER, "model", self.shared(state.model))])
             for state, ctx in zip(states, contexts, strict=True)
         ]
 
     def aggregate(self, state, inbox, ctx):
         samples = ctx.federation.samples
         updates = [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
-        average = weighted_average(updates)
+        weights = self.shared(state.model)  # w_t: what the sampled clients started from
+        average = combine(updates, ctx, state, reference=weights)
         if average is not None:  # None: every update was non-finite (w stays)
-            self.merge(state, average)
-        global_model = model_tensors(state.model)
+            self.merge(state, server_update(state, weights, average, ctx))
+        global_model = self.shared(state.model)
         everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
         return state, [
             Message(SERVER, client_name(i), "global_model", global_model, True) for i in everyone
@@ -103,6 +150,7 @@ class FedAvg(Algorithm):
 @register
 class Local(Algorithm):
     name = "local"
+    combines_otherwise = "every client trains alone: nothing is combined"
     summary = "Local: every client trains alone on its own data (no communication)"
     shapes = ("none", "star", "groups", "peer")  # it ignores the topology: compare on any
     task_support = "different"

@@ -204,6 +204,7 @@ class RepresentationAlignment(Algorithm):
 @register
 class FedMuscle(RepresentationAlignment):
     name = "fedmuscle"
+    combines_otherwise = "clients align representations on public data; no model is averaged"
     summary = "FedMuscle: N-model contrastive alignment (Muscle loss) on public data"
 
     def targets(self, partners):
@@ -237,6 +238,7 @@ class PairwiseParams(FedMuscleParams):
 @register
 class PairwiseInfoNCE(RepresentationAlignment):
     name = "pairwise_infonce"
+    combines_otherwise = "clients align representations on public data; no model is averaged"
     summary = "Pairwise InfoNCE: Σ_m InfoNCE(Z^n, Z^m) on public data (FedMuscle baseline)"
     Params = PairwiseParams
 

@@ -17,6 +17,8 @@ E-epoch schedule. FedProx averages their partial updates (FedAvg would drop them
 x = 0 is FedAvg exactly. Every client is evaluated with w^{t+1} (not traffic).
 Bits per round: FedAvg's, downlink |S_t|·|w|·32, uplink |S_t|·|w|·32 (a straggler sends a
 whole model too). A client keeps nothing between rounds (`keeps = ()`).
+FedAvg's `local_layers` and `epochs_max` apply (fedavg.py): T_k then counts the client's
+drawn epochs, and the local layers' proximal anchor is the client's own start of the round.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from torch import nn
 
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message, State, StepContext
 from raymtl.algorithms.fedavg import FedAvg
+from raymtl.algorithms.local_layers import WholeModelParams
 from raymtl.algorithms.registry import register
-from raymtl.algorithms.training import derive_seed, load_received, local_sgd, model_tensors
+from raymtl.algorithms.training import LocalRun, derive_seed, load_received, local_sgd
 from raymtl.tasks.objectives import task_loss
 
 
-class FedProxParams(LocalTrainingParams):
+class FedProxParams(WholeModelParams):
     mu: float = Field(
         0.01, ge=0, le=100, description="proximal weight μ (paper: 0.001, 0.01, 0.1, 1)"
     )
@@ -75,7 +78,7 @@ def straggler_steps(ctx: StepContext, total: int) -> int:
 
 def fedprox_sgd(
     model: nn.Module, data, params: FedProxParams, seed: int, max_steps: int | None = None
-) -> tuple[float, int]:
+) -> LocalRun:
     """Local SGD on f_k(w) + μ/2·‖w − w^t‖², w^t the model's weights on entry, in place.
 
     `local_sgd`'s schedule (batch order, optimiser, clipping) with the proximal term added
@@ -93,7 +96,7 @@ def fedprox_sgd(
     x, y = data.train_x, data.train_y
     local_sgd(model, x, y, params, seed, loss_fn=loss_fn, task=data.task, max_steps=max_steps)
     mean = float(torch.stack(task_losses).mean()) if task_losses else float("nan")
-    return mean, len(task_losses)
+    return LocalRun(mean, len(task_losses))
 
 
 @register
@@ -108,7 +111,7 @@ class FedProx(FedAvg):
 
     def train(self, state: State, inbox: list[Message], ctx: StepContext):
         load_received(state.model, inbox)  # w ← w^t, the proximal anchor
-        params, samples = self.params, len(state.data.train_y)
+        params, samples = self.local_params(ctx), len(state.data.train_y)
         straggler = ctx.index in stragglers(ctx, params.straggler_fraction)
         budget = straggler_steps(ctx, full_steps(samples, params)) if straggler else None
         seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
@@ -116,4 +119,4 @@ class FedProx(FedAvg):
         state.extras["train_loss"] = loss
         if params.straggler_fraction > 0:
             ctx.record("fedprox_work", client=ctx.index, straggler=straggler, steps=steps)
-        return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
+        return state, [Message(ctx.me, SERVER, "model", self.shared(state.model))]

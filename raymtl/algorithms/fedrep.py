@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pydantic import Field
 from torch import nn
 
-from raymtl.algorithms.aggregate import by_sender, weighted_average
+from raymtl.algorithms.aggregate import by_sender, combine, server_update
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message, client_name, index_of
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register
@@ -98,7 +98,7 @@ def fedrep_train(model: nn.Module, data, params: FedRepParams, seed: int) -> tup
                     phase,
                     derive_seed(seed, purpose),
                     task=data.task,
-                )
+                ).loss
             )
     return losses[0], losses[1]
 
@@ -114,6 +114,7 @@ class FedRep(FedAvg):
     task_support = "different"  # only the body travels: heads, losses, optimisers may differ
     model_support = "same"  # bodies are averaged by name and shape
     keeps = ("model",)  # the personal head h_k (the body is replaced when the client trains)
+    uplink_kinds = ("body",)
 
     def init_state(self, participant, data, federation):
         state = super().init_state(participant, data, federation)
@@ -133,11 +134,12 @@ class FedRep(FedAvg):
 
     def aggregate(self, state, inbox, ctx):
         samples = ctx.federation.samples
-        average = weighted_average(
-            [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
-        )
+        body = model_tensors(state.model, [BODY])  # φ_t: what the clients started from
+        updates = [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
+        average = combine(updates, ctx, state, reference=body)
         if average is not None:  # None: every update was non-finite (φ stays)
-            self.merge(state, average)  # FedAvg's hook: loads the named (body) entries
+            # FedAvg's hook: loads the named (body) entries
+            self.merge(state, server_update(state, body, average, ctx))
         body = model_tensors(state.model, [BODY])
         everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
         return state, [Message(SERVER, client_name(i), "body", body, True) for i in everyone]

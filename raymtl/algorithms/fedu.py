@@ -238,6 +238,7 @@ def mix_block(matrix: torch.Tensor, block: torch.Tensor, own: list[int], out: to
 @register
 class FedU(Algorithm):
     name = "fedu"
+    combines_otherwise = "a Laplacian step over the clients' similarity weights"
     summary = "FedU: local SGD, then a Laplacian step among sampled clients on the server"
     Params = FedUParams
     shapes = ("star",)
@@ -271,6 +272,7 @@ class FedU(Algorithm):
 @register
 class DFedU(Algorithm):
     name = "dfedu"
+    combines_otherwise = "a Laplacian step over the peer graph's weights"
     summary = "dFedU: local SGD, then a Laplacian step with graph neighbours (peer to peer)"
     Params = FedUParams
     shapes = ("peer",)

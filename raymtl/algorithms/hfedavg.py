@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from raymtl.algorithms.aggregate import by_sender, weighted_average
+from raymtl.algorithms.aggregate import by_sender, combine
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -57,6 +57,7 @@ def lps_samples(federation, lps: int) -> int:
 @register
 class HFedAvg(CommonLayers, Algorithm):
     name = "hfedavg"
+    toolbox = ("aggregation", "uplink")  # LPS and GPS means; DP and optimisers: star only
     summary = "Hierarchical FedAvg: LPSs average their users, the GPS averages common layers"
     Params = HFedAvgParams
     shapes = ("hierarchical",)
@@ -81,7 +82,7 @@ class HFedAvg(CommonLayers, Algorithm):
             index_of(m.src): signature(m.tensors, kinds[index_of(m.src)], common) for m in models
         }
         updates = [(m.tensors, fed.samples[index_of(m.src)], keys[index_of(m.src)]) for m in models]
-        state.extras["model"], state.extras["keys"] = shape_average(updates), keys
+        state.extras["model"], state.extras["keys"] = shape_average(updates, ctx), keys
         if ctx.round % self.params.global_every != 0 or not models:
             return state, []
         shared = common_of(state.extras["model"], common, ctx.me)
@@ -89,8 +90,8 @@ class HFedAvg(CommonLayers, Algorithm):
 
     def aggregate_common(self, state, inbox, ctx):
         fed = ctx.federation
-        average = weighted_average(
-            [(m.tensors, lps_samples(fed, index_of(m.src))) for m in by_sender(inbox)]
+        average = combine(
+            [(m.tensors, lps_samples(fed, index_of(m.src))) for m in by_sender(inbox)], ctx
         )
         if average is None:
             return state, []

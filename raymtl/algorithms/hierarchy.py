@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import torch
 
-from raymtl.algorithms.aggregate import is_finite, weighted_average
+from raymtl.algorithms.aggregate import combine, is_finite
 from raymtl.algorithms.base import SERVER, Message, client_name
 
 COMMON = -1  # the task key of common layers
@@ -32,8 +32,12 @@ def signature(
     }
 
 
-def shape_average(updates: list[tuple[dict, float, dict]]) -> dict[str, dict[tuple, torch.Tensor]]:
-    """Weighted average of every tensor over the updates holding it under the same key.
+def shape_average(
+    updates: list[tuple[dict, float, dict]], ctx=None
+) -> dict[str, dict[tuple, torch.Tensor]]:
+    """Weighted average of every tensor over the updates holding it under the same key — or
+    the experiment's aggregation rule (`aggregate.combine` with the step's `ctx`), tensor by
+    tensor: Krum's vectors here are each tensor's.
 
     `updates`: (tensors, weight, signature). Returns {name: {key: average}}; non-finite
     updates are left out whole.
@@ -46,7 +50,7 @@ def shape_average(updates: list[tuple[dict, float, dict]]) -> dict[str, dict[tup
             groups[(name, keys[name])].append(({name: tensor}, weight))
     store: dict[str, dict[tuple, torch.Tensor]] = defaultdict(dict)
     for (name, key), group in sorted(groups.items()):
-        average = weighted_average(group)
+        average = combine(group, ctx)
         if average is not None:
             store[name][key] = average[name]
     return dict(store)

@@ -36,7 +36,7 @@ import math
 import torch
 from pydantic import Field
 
-from raymtl.algorithms.aggregate import by_sender, weighted_average
+from raymtl.algorithms.aggregate import by_sender, combine, server_update
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -115,14 +115,24 @@ def cluster_losses(state: State, models: list[dict]) -> list[float]:
 
 
 def cluster_averages(
-    updates: list[tuple[int, dict[str, torch.Tensor], float]], k: int
+    updates: list[tuple[int, dict[str, torch.Tensor], float]],
+    k: int,
+    ctx=None,
+    state: State | None = None,
+    models: list[dict[str, torch.Tensor]] | None = None,
 ) -> dict[int, dict[str, torch.Tensor]]:
-    """{j: Σ n_k·θ_k / Σ n_k over the updates that picked j}; a cluster without a (finite)
-    update is absent (its model stays)."""
+    """{j: Σ n_k·θ_k / Σ n_k over the updates that picked j} — or the experiment's
+    aggregation rule, server optimiser and central DP (`aggregate.combine`, with θ_j the
+    reference: each cluster is a server model of its own, `slot` j); a cluster without a
+    (finite) update is absent (its model stays)."""
     averages = {}
     for j in range(k):
-        average = weighted_average((tensors, n) for c, tensors, n in updates if c == j)
+        reference = models[j] if models is not None else None
+        picked = [(tensors, n) for c, tensors, n in updates if c == j]
+        average = combine(picked, ctx, state, reference=reference, slot=f"/{j}")
         if average is not None:
+            if reference is not None and state is not None:
+                average = server_update(state, reference, average, ctx, slot=f"/{j}")
             averages[j] = average
     return averages
 
@@ -136,6 +146,10 @@ class IFCA(Algorithm):
     Params = IFCAParams
     shapes = ("star",)
     keeps = ("model", "extras")  # the model of its last pick (evaluation) and the pick
+    # No "uplink": a client's upload is one of K models (and the cluster it picked), so there
+    # is no single model its update is taken from for compression to encode against.
+    toolbox = ("aggregation", "server_optimizer", "privacy")
+    combines_otherwise = "its upload is one of K cluster models, named by the pick it carries"
 
     def phases(self, round_index, rounds):
         return [
@@ -195,7 +209,7 @@ class IFCA(Algorithm):
             j = int(tensors.pop(CLUSTER))
             if 0 <= j < k:
                 updates.append((j, tensors, samples[index_of(message.src)]))
-        for j, average in cluster_averages(updates, k).items():
+        for j, average in cluster_averages(updates, k, ctx, state, models).items():
             models[j] = average
         if not ctx.evaluated:  # the clients are not evaluated after this round: nothing to pick
             return state, []

@@ -81,6 +81,7 @@ def lps_of(labels) -> list[int]:
 @register
 class OneShotHFL(CommonLayers, Algorithm):
     name = "oneshot_hfl"
+    toolbox = ("aggregation", "uplink")  # LPS and GPS means; DP and optimisers: star only
     summary = "One-shot data-similarity clustering of users into LPSs, then hierarchical FedAvg"
     Params = OneShotHFLParams
     shapes = ("hierarchical",)
@@ -219,7 +220,7 @@ class OneShotHFL(CommonLayers, Algorithm):
             index_of(m.src): signature(m.tensors, tasks[index_of(m.src)], common) for m in models
         }
         updates = [(m.tensors, samples[index_of(m.src)], keys[index_of(m.src)]) for m in models]
-        state.extras["model"], state.extras["shapes"] = shape_average(updates), keys
+        state.extras["model"], state.extras["shapes"] = shape_average(updates, ctx), keys
         if ctx.round % self.params.global_every != 0 or not models:
             return state, []
         shared = common_of(state.extras["model"], common, ctx.me)
@@ -232,7 +233,7 @@ class OneShotHFL(CommonLayers, Algorithm):
             weight[k] += samples[i]
         messages = by_sender(inbox)
         updates = [(m.tensors, weight[index_of(m.src)], signature(m.tensors)) for m in messages]
-        store = shape_average(updates)
+        store = shape_average(updates, ctx)
         return state, replies_by_signature(store, messages, SERVER, "common")
 
     def broadcast(self, state, inbox, ctx):

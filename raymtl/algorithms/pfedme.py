@@ -8,7 +8,8 @@ Round t, sampled client k starts from the global w (w_k ← w, θ̃ ← w); for 
     then:     w_k ← w_k − η·λ·(w_k − θ̃)
 Server:       w ← (1−β)·w_prev + β·Σ_{k∈S_t} (n_k / Σ_{j∈S_t} n_j)·w_k, broadcast to all.
 Personalised accuracy is measured with the personal model θ̃ of the client's last training
-(before its first training: the model it holds).
+(before its first training: the model it holds). FedAvg's `local_layers` and `epochs_max`
+apply (fedavg.py): the local layers never travel, E_k epochs of batches under epochs_max.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message
+from raymtl.algorithms.base import SERVER, Message
 from raymtl.algorithms.fedavg import FedAvg
+from raymtl.algorithms.local_layers import WholeModelParams
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import derive_seed, load_received, load_tensors, model_tensors
 
 
-class PFedMeParams(LocalTrainingParams):
+class PFedMeParams(WholeModelParams):
     lr: float = Field(0.01, gt=0, description="local-copy learning rate η")
     personal_lr: float = Field(0.01, gt=0, description="personal-model learning rate η_p")
     lam: float = Field(15.0, gt=0, description="Moreau-envelope regularisation λ")
@@ -90,6 +92,7 @@ class PFedMe(FedAvg):
     """FedAvg's round (broadcast → train → aggregate) with pFedMe's client and server steps."""
 
     name = "pfedme"
+    toolbox = ("aggregation", "privacy", "uplink")  # its merge is its own β-step: no optimiser
     summary = "pFedMe: Moreau-envelope personal models, FedAvg of the local copies"
     Params = PFedMeParams
     shapes = ("star",)
@@ -107,9 +110,9 @@ class PFedMe(FedAvg):
     def train(self, state, inbox, ctx):
         load_received(state.model, inbox)  # w_k ← w
         seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
-        personal = pfedme_train(state.model, state.data, self.params, seed)
+        personal = pfedme_train(state.model, state.data, self.local_params(ctx), seed)
         state.extras["personal"] = model_tensors(personal)
-        return state, [Message(ctx.me, SERVER, "model", model_tensors(state.model))]
+        return state, [Message(ctx.me, SERVER, "model", self.shared(state.model))]
 
     def merge(self, state, average) -> None:
         """w ← (1−β)·w_prev + β·Σ_k (n_k/n)·w_k."""

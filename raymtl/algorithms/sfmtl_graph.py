@@ -165,6 +165,7 @@ def record_graph(ctx, graph, labels, views, quality: float) -> None:
 @register
 class SFMTLGraph(Algorithm):
     name = "sfmtl_graph"
+    combines_otherwise = "graph-weighted mixing within each community"
     summary = "SFMTL-Graph: heads + feature anchors, similarity graph communities, Laplacian heads"
     Params = SFMTLGraphParams
     shapes = ("star",)
@@ -196,7 +197,7 @@ class SFMTLGraph(Algorithm):
         seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
         state.extras["train_loss"] = local_sgd(
             state.model, data.train_x, data.train_y, params, seed, loss_fn=training
-        )
+        ).loss
         state.extras["anchor"] = training.anchor
         upload = {
             **model_tensors(state.model, [HEAD]),

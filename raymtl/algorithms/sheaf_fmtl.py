@@ -125,6 +125,7 @@ def l2_loss(l2: float, task):
 @register
 class SheafFMTL(Algorithm):
     name = "sheaf_fmtl"
+    combines_otherwise = "a sheaf-Laplacian step through each pair's restriction maps"
     summary = "Sheaf-FMTL: learned restriction maps between peers' models (models may differ)"
     Params = SheafFMTLParams
     shapes = ("peer",)
@@ -227,7 +228,7 @@ class SheafFMTL(Algorithm):
         data, hook = state.data, l2_loss(self.params.l2, task)
         state.extras["train_loss"] = local_sgd(
             state.model, data.train_x, data.train_y, self.params, seed, loss_fn=hook
-        )
+        ).loss
         return state, self.projections(state, ctx, self.flat_theta(state.model))
 
     def disagreements(self, state, inbox, ctx, theta) -> dict[int, torch.Tensor]:

@@ -13,6 +13,7 @@ import logging
 import math
 from collections.abc import Callable, Collection, Sequence
 from fractions import Fraction
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -44,6 +45,14 @@ def params_optimizer(params: LocalTrainingParams) -> OptimizerSpec:
     return OptimizerSpec("sgd", params.lr, params.momentum, params.weight_decay)
 
 
+class LocalRun(NamedTuple):
+    """What a round of local training did: its mean batch loss and the optimiser steps it
+    ran (τ: FedNova normalises by it, SCAFFOLD's option II divides by it)."""
+
+    loss: float
+    steps: int
+
+
 def local_sgd(
     model: nn.Module,
     train_x: torch.Tensor,
@@ -53,8 +62,9 @@ def local_sgd(
     loss_fn: LossHook | None = None,
     task: TaskSpec | None = None,
     max_steps: int | None = None,
-) -> float:
-    """`params.epochs` epochs of mini-batch training in place; returns the mean batch loss.
+) -> LocalRun:
+    """`params.epochs` epochs of mini-batch training in place; returns the mean batch loss
+    and the number of steps run (E·⌈n/B⌉, or `max_steps` when that is fewer).
 
     The loss is `loss_fn` when given, else the task's (cross-entropy without a task); the
     optimiser is the task's (fresh every call), else SGD with the algorithm's settings.
@@ -79,7 +89,8 @@ def local_sgd(
                 nn.utils.clip_grad_norm_(model.parameters(), params.clip_grad)
             optimizer.step()
             losses.append(loss.detach())
-    return float(torch.stack(losses).mean()) if losses else float("nan")
+    mean = float(torch.stack(losses).mean()) if losses else float("nan")
+    return LocalRun(mean, len(losses))
 
 
 def evaluate(
@@ -127,11 +138,12 @@ def load_received(
             load_tensors(model, message.tensors)
 
 
-def train_local_model(state: State, ctx, params) -> float:
-    """One round of plain local SGD on the client's own data (shared by algorithms)."""
+def train_local_model(state: State, ctx, params) -> LocalRun:
+    """One round of plain local SGD on the client's own data (shared by algorithms); its
+    mean loss is also the client's `train_loss`."""
     data = state.data
     seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
     # The client's task decides its loss and optimiser (None: cross-entropy, the params' SGD).
-    loss = local_sgd(state.model, data.train_x, data.train_y, params, seed, task=data.task)
-    state.extras["train_loss"] = loss
-    return loss
+    run = local_sgd(state.model, data.train_x, data.train_y, params, seed, task=data.task)
+    state.extras["train_loss"] = run.loss
+    return run

@@ -7,6 +7,7 @@ Entries registered by a plugin say so ("(plugin my_module)"): load the plugins f
 from __future__ import annotations
 
 import inspect
+import typing
 
 from pydantic import BaseModel
 from rich.table import Table
@@ -21,6 +22,7 @@ from raymtl.models import MODELS, build_model, num_params
 from raymtl.plugins import plugin_of
 from raymtl.tasks import TARGETS
 from raymtl.tasks.spec import OPTIMIZERS
+from raymtl.toolbox import settings as toolbox
 
 # What the topology kinds without a peer graph give.
 STRUCTURED = {
@@ -47,7 +49,9 @@ def type_name(annotation: object) -> str:
         return ""
     if isinstance(annotation, type):
         return annotation.__name__
-    return str(annotation).replace("typing.", "")
+    if typing.get_origin(annotation) is typing.Literal:  # mean|median|...
+        return "|".join(str(value) for value in typing.get_args(annotation))
+    return str(annotation).replace("typing.", "").replace("raymtl.toolbox.settings.", "")
 
 
 def typed(name: str, annotation: object, default: object) -> str:
@@ -67,7 +71,8 @@ def param_text(model: type[BaseModel]) -> str:
             for attribute, sign in BOUNDS
             if getattr(rule, attribute, None) is not None
         ]
-        text = typed(name, field.annotation, field.default)
+        default = inspect.Parameter.empty if field.is_required() else field.default
+        text = typed(name, field.annotation, default)
         parts.append(f"{text} ({', '.join(bounds)})" if bounds else text)
     return ", ".join(parts)
 
@@ -171,6 +176,38 @@ def task_rows() -> list[tuple[str, str, str]]:
     ]
 
 
+# The toolbox's sections (docs/ALGORITHMS.md §9): what each does, and its typed fields.
+TOOLBOX_SECTIONS = (
+    ("aggregation", "how averaging steps combine models (§9.1)", toolbox.AggregationSettings),
+    (
+        "server_optimizer",
+        "an optimiser on the server's Δ_t (§9.2)",
+        toolbox.ServerOptimizerSettings,
+    ),
+    ("privacy", "client-level DP with an accountant's ε (§9.3)", toolbox.PrivacySettings),
+    ("privacy.sample_level", "DP-SGD inside local training (Opacus)", toolbox.SampleLevelSettings),
+    ("compression.uplink", "what compresses a client's update (§9.4)", toolbox.UplinkCodec),
+    ("attack", "a seeded share of malicious clients (§9.5)", toolbox.AttackSettings),
+)
+
+
+def toolbox_rows() -> list[tuple[str, str, str]]:
+    """The toolbox's sections, with the algorithms that take each part of it."""
+    algorithms = all_algorithms()
+    takers = {
+        part: ", ".join(name for name, cls in algorithms.items() if part in cls.toolbox)
+        for part in ("aggregation", "server_optimizer", "privacy", "uplink")
+    }
+    part_of = {"aggregation": "aggregation", "server_optimizer": "server_optimizer"}
+    part_of |= {"privacy": "privacy", "compression.uplink": "uplink", "attack": "uplink"}
+    rows = []
+    for section, description, settings in TOOLBOX_SECTIONS:
+        part = part_of.get(section)
+        taken = f" — taken by {takers[part]}" if part else ""
+        rows.append((section, description + taken, param_text(settings)))
+    return rows
+
+
 def catalogue_rows() -> list[Section]:
     """(title, rows) per registry: algorithms, datasets, partitions, models, topologies,
     targets (what catalogue_cache.py keeps between commands)."""
@@ -181,6 +218,7 @@ def catalogue_rows() -> list[Section]:
         ("models (model.name)", model_rows()),
         ("topologies (topology.kind)", topology_rows()),
         ("task targets (data.tasks[].targets)", task_rows()),
+        ("toolbox (top-level sections)", toolbox_rows()),
     ]
 
 

@@ -32,9 +32,18 @@ from raymtl.config.checks import (
 )
 from raymtl.config.data import DataConfig
 from raymtl.config.overrides import apply_override
+from raymtl.config.toolbox_checks import check_toolbox
 from raymtl.errors import ConfigError, one_line
 from raymtl.graph.topology import STRUCTURED_KINDS
 from raymtl.plugins import load_plugins, resolve_entry
+from raymtl.toolbox.settings import (
+    AggregationSettings,
+    AttackSettings,
+    CompressionSettings,
+    PrivacySettings,
+    ServerOptimizerSettings,
+    Toolbox,
+)
 
 
 class ModelConfig(Section):
@@ -277,6 +286,18 @@ class ExperimentConfig(Section):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     output: OutputConfig = OutputConfig()
     metrics: MetricsConfig = MetricsConfig()
+    # The toolbox (docs/ALGORITHMS.md §9): how models are combined, the server's optimiser,
+    # client-level DP, uplink compression, malicious clients.
+    aggregation: AggregationSettings = AggregationSettings()
+    server_optimizer: ServerOptimizerSettings = ServerOptimizerSettings()
+    privacy: PrivacySettings = PrivacySettings()
+    compression: CompressionSettings = CompressionSettings()
+    attack: AttackSettings = AttackSettings()
+    sampling: Literal["uniform", "poisson"] = Field(
+        "uniform",
+        description="uniform: ⌈m·N⌉ clients a round without replacement; poisson: each client "
+        "with probability m, a cohort of varying size (DP's poisson accounting is then exact)",
+    )
 
     @field_validator("name")
     @classmethod
@@ -308,7 +329,18 @@ class ExperimentConfig(Section):
         check_topology(self)
         check_tasks(self)
         check_models(self)
+        check_toolbox(self)
         return self
+
+    def toolbox(self) -> Toolbox:
+        """The five toolbox sections together (what every step's context carries)."""
+        return Toolbox(
+            aggregation=self.aggregation,
+            server_optimizer=self.server_optimizer,
+            privacy=self.privacy,
+            compression=self.compression,
+            attack=self.attack,
+        )
 
     def shape(self) -> str:
         """star | peer | hierarchical | none | groups: the shape the topology gives."""

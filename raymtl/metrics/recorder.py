@@ -75,6 +75,8 @@ ROUNDS_SCHEMA = pa.schema(
         ("clients_resident", pa.int64()),
         ("clients_spilled", pa.int64()),
         ("working_models", pa.int64()),
+        # client-level DP (privacy.clip): the ε spent so far at the run's δ (privacy.py)
+        ("epsilon", pa.float64()),
     ]
 )
 

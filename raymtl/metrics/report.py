@@ -35,8 +35,11 @@ COST_METRICS = {
     "wall_time": "wall_time",
 }
 # total_flops: raymtl/flops.py, absent from runs recorded before it.
+# epsilon: client-level DP's ε at the seed's last round (privacy.clip; absent without it).
 SUMMARY_METRICS = (
-    ACCURACY_METRICS + tuple(COST_METRICS) + ("total_flops", "client_updates_per_second")
+    ACCURACY_METRICS
+    + tuple(COST_METRICS)
+    + ("total_flops", "client_updates_per_second", "epsilon")
 )
 BIT_UNITS = ("b", "Kb", "Mb", "Gb", "Tb", "Pb")
 # The results table's columns in the order they are left out of a terminal too narrow for
@@ -73,6 +76,9 @@ def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
     flops = last_row.get("cum_flops")  # raymtl/flops.py; absent from runs recorded before it
     if flops is not None and not math.isnan(flops):
         summary["total_flops"] = float(flops)
+    epsilon = last_row.get("epsilon")  # client-level DP only
+    if epsilon is not None and not pd.isna(epsilon):
+        summary["epsilon"] = float(epsilon)
     # Throughput: local updates over the seed's wall time (rounds only; NaN for old runs).
     trained = seed_rounds.get("clients_trained")
     if trained is not None and trained.notna().any():
@@ -116,12 +122,49 @@ def summarize(run_dir: Path, algorithm: str, config: dict | None = None) -> dict
     peak_memory = peak_memory_summary(recorder.table("hosts"), summary["seeds"], one_process)
     if peak_memory is not None:
         summary["peak_memory"] = peak_memory
+    privacy = privacy_summary(config, summary)
+    if privacy is not None:
+        summary["epsilon"], summary["privacy"] = privacy["epsilon"], privacy
     clients = recorder.clients()
     if has_tasks(clients):
         summary["tasks"] = task_summary(clients)
     report_extra_tables(run_dir, summary)  # algorithm tables add their own figures
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def privacy_summary(config: dict, summary: dict) -> dict | None:
+    """The ε reached (the largest over seeds: they differ only with local noise), at which δ
+    and by which accounting (docs/ALGORITHMS.md §9.3); None without client-level DP."""
+    privacy = config.get("privacy") or {}
+    epsilons = [row["epsilon"] for row in summary["per_seed"] if "epsilon" in row]
+    if privacy.get("clip") is None or not epsilons:
+        return None
+    from raymtl.toolbox.accounting import accounting_name
+    from raymtl.toolbox.privacy import default_delta
+
+    population = (config.get("data") or {}).get("num_clients", 1)
+    delta = privacy.get("delta") or default_delta(population)
+    local = privacy.get("noise") == "local"
+    accounting = "local" if local else privacy.get("accounting", "poisson")
+    sampling = config.get("sampling", "uniform")
+    note = "exact" if sampling == "poisson" or local else "approximation for fixed-size cohorts"
+    return {
+        "epsilon": max(epsilons),
+        "delta": delta,
+        "accounting": accounting_name(accounting) if not local else "rdp/local(replace-one)",
+        "sampling": sampling,
+        "note": note if accounting == "poisson" else "",
+        "noise": privacy.get("noise", "server"),
+        "clipping": privacy.get("clipping", "fixed"),
+    }
+
+
+def format_epsilon(epsilon: float | None) -> str:
+    """ε as the table shows it: '-' without DP, '∞' without noise."""
+    if epsilon is None:
+        return "-"
+    return "∞" if math.isinf(epsilon) else f"{epsilon:.3g}"
 
 
 def format_bits(bits: float) -> str:
@@ -225,6 +268,9 @@ def results_table(summaries: list[dict], title: str) -> Table:
         table.add_column("Rounds to target", justify="right", no_wrap=True)
         table.add_column("Bits to target", justify="right", no_wrap=True)
         table.add_column("TFLOPs to target", justify="right", no_wrap=True)
+    private = any("epsilon" in summary for summary in summaries)
+    if private:  # client-level DP: the ε reached at the run's δ
+        table.add_column("ε", justify="right", no_wrap=True)
     faulty = any("faults" in summary for summary in summaries)
     if faulty:  # lost hosts: each a roll-back to the last checkpoint and a replay
         table.add_column("Faults", justify="right", no_wrap=True)
@@ -253,6 +299,7 @@ def results_table(summaries: list[dict], title: str) -> Table:
             *([memory] if with_memory else []),
             format_tflops(total_flops),
             *(to_target if with_target else []),
+            *([format_epsilon(summary.get("epsilon"))] if private else []),
             *([recovered] if faulty else []),
         )
     return table

@@ -25,6 +25,9 @@ class Envelope:
     bits: int
     payload: Any
     evaluation_only: bool = False  # delivered, never counted (see algorithms.base.Message)
+    # An encoded update (runtime/hosts/uplink.py): the payload holds the encoded Δ_k, and
+    # `reference` the handle of what it is decoded against (the receiver's own: uncounted).
+    reference: Any = None
 
 
 class Router:

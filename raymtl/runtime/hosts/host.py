@@ -36,6 +36,7 @@ from raymtl.runtime.hosts.clients import HostedClients, state_budget
 from raymtl.runtime.hosts.compute import deterministic, precision, warm_up
 from raymtl.runtime.hosts.host_data import HostData, HostModels, client_row
 from raymtl.runtime.hosts.step_warnings import AlgorithmWarnings
+from raymtl.runtime.hosts.uplink import Uplink, reference_of
 from raymtl.runtime.results import PhaseResult
 from raymtl.runtime.router import Envelope
 from raymtl.runtime.storage.checkpoints import (
@@ -104,10 +105,19 @@ class ParticipantHost:
             self.config.algorithm.name, self.config.algorithm.typed_params(), self.models.build
         )
         self.flops = FlopMeter()
+        self.toolbox = self.config.toolbox()
+        self.malicious = malicious_clients(self.config, spec)
+        self.uplink = Uplink(self.toolbox, self.algorithm.uplink_kinds, self.malicious)
         self.data = HostData(self.config, spec, self.algorithm.uses_public, self.pool)
+        self.data.flip_labels_of = (
+            self.malicious if self.toolbox.attack.kind == "label_flip" else ()
+        )
+        keeps = self.algorithm.keeps
+        if self.uplink.keeps_residual and "extras" not in keeps:  # e_k is kept client state
+            keeps = (*keeps, "extras")
         # Clients are built on first use (clients.py); other roles are few and kept whole.
         self.clients = HostedClients(
-            self.algorithm.keeps,
+            keeps,
             self._init_client,
             self.data.client,
             self.model_name,
@@ -171,6 +181,8 @@ class ParticipantHost:
         for batch in self._batches(phase, inboxes):
             inputs = [self._inputs(p, inboxes[p], round_index, sampled) for p in batch]
             states = [self._checkout(p, slot) for slot, p in enumerate(batch)]
+            # What the clients start from, where their uplink is transformed (uplink.py).
+            before = [self._before(p, state) for p, state in zip(batch, states, strict=True)]
             inbox_list, contexts = [i for i, _, _ in inputs], [c for _, _, c in inputs]
             with AlgorithmWarnings() as warned, self.precision(batch[0]):
                 try:
@@ -183,11 +195,12 @@ class ParticipantHost:
                 {"participant": who, "step": phase.step, "message": text}
                 for text in warned.messages
             ]
-            for slot, (participant, (_, stored, ctx), (state, outbox)) in enumerate(
+            for slot, (participant, (inbox, stored, ctx), (state, outbox)) in enumerate(
                 zip(batch, inputs, outputs, strict=True)
             ):
+                sending = (inbox, before[slot], state.extras, round_index)
+                result.envelopes += self._envelopes(outbox, stored, sending)
                 self._checkin(participant, state, slot)
-                result.envelopes += self._envelopes(outbox, stored)
                 result.tables += ctx.records
                 result.holders.update(ctx.holders)
         return result
@@ -242,6 +255,10 @@ class ParticipantHost:
     def _inputs(self, participant: str, envelopes: list[Envelope], round_index, sampled):
         """A step's inbox, the stored payloads by tensors' identity, and its context."""
         payloads = self.get([e.payload for e in envelopes])
+        encoded = [k for k, e in enumerate(envelopes) if e.reference is not None]
+        references = self.get([envelopes[k].reference for k in encoded])
+        for k, reference in zip(encoded, references, strict=True):
+            payloads[k] = self.uplink.decode(payloads[k], reference)
         inbox = [
             AlgorithmMessage(e.src, e.dst, e.kind, tensors)
             for e, tensors in zip(envelopes, payloads, strict=True)
@@ -256,8 +273,16 @@ class ParticipantHost:
             sampled=sampled,
             federation=self.spec.federation,
             evaluated=evaluation_due(round_index, self.config),
+            toolbox=self.toolbox,
         )
         return inbox, stored, ctx
+
+    def _before(self, participant: str, state: State) -> dict | None:
+        """A client's model before its step, where its uplink is transformed and it may send
+        what it did not receive this step (uplink.reference_of); else None."""
+        if not self.uplink.active or role_of(participant) != "client" or state.model is None:
+            return None
+        return {name: t.detach().clone() for name, t in state.model.state_dict().items()}
 
     def _checkout(self, participant: str, slot: int) -> State:
         if role_of(participant) == "client":
@@ -270,9 +295,12 @@ class ParticipantHost:
         else:
             self.states[participant] = state
 
-    def _envelopes(self, outbox, stored: dict) -> list[Envelope]:
+    def _envelopes(self, outbox, stored: dict, sending: tuple | None = None) -> list[Envelope]:
         envelopes = []
         for message in outbox:
+            if sending is not None and self.uplink.applies(message):
+                envelopes.append(self._uplink_envelope(message, stored, *sending))
+                continue
             if id(message.tensors) not in stored:
                 stored[id(message.tensors)] = self.put(message.tensors)
             payload, bits = stored[id(message.tensors)], payload_bits(message.tensors)
@@ -282,6 +310,22 @@ class ParticipantHost:
                 )
             )
         return envelopes
+
+    def _uplink_envelope(self, message, stored: dict, inbox, before, extras, round_index):
+        """A client's update transformed on its host (uplink.py): attacked, clipped, noised
+        and encoded, with the handle of what it is decoded against."""
+        names = [n for n, t in message.tensors.items() if t.is_floating_point()]
+        reference, index = reference_of(names, inbox, before)
+        tensors, bits = self.uplink.transform(
+            message, reference, extras, self.spec.seed, round_index
+        )
+        payload = self.put(tensors)
+        if bits is None:  # not encoded: plain tensors, counted as they are
+            return Envelope(message.src, message.dst, message.kind, payload_bits(tensors), payload)
+        handle = stored.get(id(inbox[index].tensors)) if index is not None else None
+        if handle is None:
+            handle = self.put({name: reference[name] for name in names if name in reference})
+        return Envelope(message.src, message.dst, message.kind, bits, payload, reference=handle)
 
     def hold_for_evaluation(self, payloads: list, owners: dict[str, int]) -> bool:
         """The round's evaluation_only messages: `owners[client]` indexes the distinct
@@ -514,6 +558,16 @@ def collection_paused():
     finally:
         if enabled:
             gc.enable()
+
+
+def malicious_clients(config: ExperimentConfig, spec: HostSpec) -> frozenset[int]:
+    """The seed's malicious clients (attack.fraction of N, drawn once per seed, §9.5)."""
+    attack = config.attack
+    if attack.is_default():
+        return frozenset()
+    from raymtl.toolbox.attacks import malicious_clients as drawn
+
+    return frozenset(drawn(spec.federation.num_clients, attack.fraction, spec.seed))
 
 
 def evaluation_due(round_index: int, config: ExperimentConfig) -> bool:

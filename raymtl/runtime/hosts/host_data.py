@@ -99,6 +99,8 @@ class HostData:
         self.pool_of = pool_of  # source name -> Pool (object store, or the process cache)
         self._public: torch.Tensor | None = None
         self._pools: dict[str, Pool] = {}
+        # Clients whose training labels a label-flip attack turns (attack.kind: label_flip)
+        self.flip_labels_of: frozenset[int] | tuple = ()
 
     def load(self, source: str) -> Pool:
         from raymtl.data import load_pool
@@ -133,7 +135,12 @@ class HostData:
                 self.pool_of(source), shards, self.spec.seed, task, federation.input_shape
             )
             built.update(zip(members, datas, strict=True))
-        for data in built.values():
+        for participant, data in built.items():
+            if int(participant.split("/")[1]) in self.flip_labels_of:
+                from raymtl.toolbox.attacks import flip_labels
+
+                # trains honestly on y ↦ C − 1 − y (§9.5); its test labels stay true
+                data.train_y = flip_labels(data.train_y, data.num_classes)
             if self.uses_public:  # one decoded copy per host, shared by its clients
                 data.public_x = self.public_samples()
             if self.spec.device != "cpu":

@@ -26,6 +26,7 @@ from raymtl.runtime.executors.executor import Executor
 from raymtl.runtime.faults import dropped_rows
 from raymtl.runtime.hosts.host import evaluation_due
 from raymtl.runtime.loop.accounting import charge, link_direction, round_bits
+from raymtl.runtime.loop.privacy import PrivacyLedger
 from raymtl.runtime.loop.sampling import sample_clients
 from raymtl.runtime.router import Router
 
@@ -73,6 +74,19 @@ class RoundLoop:
     ):
         self.cfg, self.algorithm, self.recorder = cfg, algorithm, recorder
         self.executor, self.federation, self.seed = executor, federation, seed
+        self.privacy = PrivacyLedger(cfg, seed)
+
+    def record_attackers(self) -> None:
+        """attackers.parquet: the seed's malicious clients (attack.fraction, §9.5), drawn as
+        every host draws them."""
+        attack = self.cfg.attack
+        if attack.is_default():
+            return
+        from raymtl.toolbox.attacks import malicious_clients
+
+        drawn = malicious_clients(self.federation.num_clients, attack.fraction, self.seed)
+        rows = [{"client": k, "kind": attack.kind, "scale": attack.strength} for k in drawn]
+        self.add_rows("attackers", 1, rows)
 
     def run(self, round_index: int, previous: dict) -> tuple[dict, list[dict]]:
         """All phases of one round, then its evaluation when due: the round's row of
@@ -80,7 +94,9 @@ class RoundLoop:
         `previous`: the running totals (accounting.CUMULATIVE) the round adds to."""
         n = self.federation.num_clients
         fraction = self.algorithm.params.sample_fraction
-        sampled = sample_clients(self.seed, round_index, n, fraction)
+        sampled = sample_clients(self.seed, round_index, n, fraction, self.cfg.sampling)
+        if round_index == 1:
+            self.record_attackers()
         router, holders, seconds, flops = self.run_phases(round_index, sampled)
         ledger = charge(router.drain_ledger(), holders)
         self.recorder.add_messages(ledger)
@@ -114,6 +130,7 @@ class RoundLoop:
         row.update(clients_lost=lost_clients, clients_answered=n - lost_clients)
         for column in EVALUATION_COLUMNS:
             row.setdefault(column, float("nan"))
+        row["epsilon"] = self.privacy.epsilon(round_index)
         return row, clients
 
     def run_phases(self, round_index: int, sampled) -> tuple:

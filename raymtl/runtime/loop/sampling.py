@@ -7,8 +7,15 @@ import numpy as np
 from raymtl.algorithms.training import derive_seed, sample_size
 
 
-def sample_clients(seed: int, round_index: int, num_clients: int, fraction: float) -> tuple:
-    """⌈m·N⌉ clients uniformly without replacement, seeded by (seed, round)."""
+def sample_clients(
+    seed: int, round_index: int, num_clients: int, fraction: float, sampling: str = "uniform"
+) -> tuple:
+    """⌈m·N⌉ clients uniformly without replacement, seeded by (seed, round); with `sampling`
+    "poisson", each client independently with probability m (a cohort of varying size, maybe
+    empty: what DP's Poisson accounting assumes)."""
+    if sampling == "poisson":
+        rng = np.random.default_rng(derive_seed(seed, round_index, "poisson-sample"))
+        return tuple(int(i) for i in np.flatnonzero(rng.random(num_clients) < fraction))
     count = sample_size(fraction, num_clients)
     rng = np.random.default_rng(derive_seed(seed, round_index, "sample"))
     return tuple(sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False)))
