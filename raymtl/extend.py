@@ -18,7 +18,13 @@ through two whole algorithms, and its reference table says what each name here i
 
 from __future__ import annotations
 
-from raymtl.algorithms.aggregate import by_sender, is_finite, weighted_average
+from raymtl.algorithms.aggregate import (
+    by_sender,
+    combine,
+    is_finite,
+    server_update,
+    weighted_average,
+)
 from raymtl.algorithms.base import (
     SERVER,
     Algorithm,
@@ -35,6 +41,7 @@ from raymtl.algorithms.base import (
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
+    LocalRun,
     LossHook,
     derive_seed,
     evaluate,
@@ -59,6 +66,7 @@ __all__ = [
     "FedAvg",
     "FedModel",
     "FederationInfo",
+    "LocalRun",
     "LocalTrainingParams",
     "LossHook",
     "Message",
@@ -72,6 +80,7 @@ __all__ = [
     "add_flops",
     "by_sender",
     "client_name",
+    "combine",
     "derive_seed",
     "evaluate",
     "index_of",
@@ -86,6 +95,7 @@ __all__ = [
     "register_partition",
     "register_target",
     "register_topology",
+    "server_update",
     "task_loss",
     "train_local_model",
     "weighted_average",

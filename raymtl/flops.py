@@ -75,9 +75,20 @@ def measure_pass(module: nn.Module, args: tuple, kwargs: dict, training: bool) -
     the shapes decide the count, so no data is touched and nothing is computed. A module
     the meta device cannot run (data-dependent shapes) is measured on a CPU copy instead."""
     try:
-        return _counted_pass(copy.deepcopy(module).to("meta"), args, kwargs, training, "meta")
+        return _counted_pass(bare_copy(module).to("meta"), args, kwargs, training, "meta")
     except (NotImplementedError, RuntimeError):
-        return _counted_pass(copy.deepcopy(module).to("cpu"), args, kwargs, training, "cpu")
+        return _counted_pass(bare_copy(module).to("cpu"), args, kwargs, training, "cpu")
+
+
+def bare_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of `module` without the hooks others put on it (Opacus's per-sample
+    gradient hooks under sample-level DP): the model's own pass is what is counted."""
+    copied = copy.deepcopy(module)
+    for part in copied.modules():
+        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks"):
+            getattr(part, hooks).clear()
+        part._backward_pre_hooks.clear()
+    return copied
 
 
 def _counted_pass(copied: nn.Module, args, kwargs, training: bool, device: str) -> float:

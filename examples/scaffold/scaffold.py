@@ -1,11 +1,15 @@
-"""SCAFFOLD: client drift corrected by control variates (Karimireddy, Kale, Mohri, Reddi,
-Stich and Suresh, "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
-ICML 2020), with option II of the paper for the clients' control variates.
+"""SCAFFOLD with sample-weighted means: client drift corrected by control variates
+(Karimireddy, Kale, Mohri, Reddi, Stich and Suresh, "SCAFFOLD: Stochastic Controlled
+Averaging for Federated Learning", ICML 2020), with option II of the paper for the clients'
+control variates.
 
 A raymtl plugin: name this file in an experiment's `plugins:` list and use
-`algorithm.name: scaffold`. It imports nothing but the public `raymtl.extend`. Where FedAvgM
-(examples/fedavgm) changes only the server, SCAFFOLD changes the clients' local step and
-sends a second tensor with every model: docs/EXTENDING.md, section 10, walks through it.
+`algorithm.name: scaffold_samples`. It imports nothing but the public `raymtl.extend`.
+raymtl ships the paper's SCAFFOLD as the built-in `scaffold` (plain means); this plugin is
+the variant that weights its means by the clients' samples, as FedAvg does: it shows how a
+plugin varies a built-in's weighting. Where FedAvgM (examples/fedavgm) changes only the
+server, SCAFFOLD changes the clients' local step and sends a second tensor with every model:
+docs/EXTENDING.md, section 10, walks through it.
 
 Round t, with S the sampled clients, x the server's model, c its control variate, c_i
 client i's (c and every c_i are zero before round 1), η_l the local learning rate (`lr`) and
@@ -23,10 +27,11 @@ The means are weighted by the clients' training samples n_i, as raymtl's FedAvg 
 average: x ← x + η_g·Σ_{i∈S} (n_i/n_S)·Δy_i with n_S = Σ_{i∈S} n_i, and
 c ← c + Σ_{i∈S} (n_i/n)·Δc_i with n = Σ_{i=1..N} n_i, which keeps c = Σ_i (n_i/n)·c_i, the
 control variate of the sample-weighted objective. With every n_i equal they are the paper's
-plain means above. A client sends y_i itself rather than Δy_i (as many bits; the server holds
-x), and the server computes x + η_g·Σ (n_i/n_S)·(y_i − x) as (1 − η_g)·x + η_g·Σ (n_i/n_S)·y_i,
-so that with η_g = 1 it takes FedAvg's average bit for bit: round 1 (c = c_i = 0) is then
-FedAvg's round 1 exactly. A client whose y_i or Δc_i is not finite is left out of both sums.
+plain means above, which the built-in `scaffold` takes whatever the n_i. A client sends y_i
+itself rather than Δy_i (as many bits; the server holds x), and the server computes
+x + η_g·Σ (n_i/n_S)·(y_i − x) as (1 − η_g)·x + η_g·Σ (n_i/n_S)·y_i, so that with η_g = 1 it
+takes FedAvg's average bit for bit: round 1 (c = c_i = 0) is then FedAvg's round 1 exactly.
+A client whose y_i or Δc_i is not finite is left out of both sums.
 
 The correction is applied by plain SGD: the local step adds ⟨y, c − c_i⟩ to the task loss
 through `local_sgd`'s loss hook, so each step's gradient is g_i − c_i + c. Option II's
@@ -165,8 +170,8 @@ def corrected_sgd(
 
 @register_algorithm
 class Scaffold(Algorithm):
-    name = "scaffold"
-    summary = "SCAFFOLD: local steps corrected by control variates (Karimireddy et al. 2020)"
+    name = "scaffold_samples"  # the built-in `scaffold` takes the paper's plain means
+    summary = "SCAFFOLD with sample-weighted means (plugin; the paper's: built-in scaffold)"
     Params = ScaffoldParams
     shapes = ("star",)
     keeps = ("extras",)  # c_i persists between rounds; the model arrives with each round

@@ -277,6 +277,8 @@ class Algorithm:
       combines_otherwise  why it has no aggregation rule, when it combines models otherwise
                       (HCA, a Laplacian or sheaf step, graph-weighted mixing): quoted when a
                       rule, server optimiser or DP is refused for it.
+      toolbox_refusals  per toolbox part it does not honour, why (quoted in the refusal):
+                      e.g. {"privacy": "its control variates travel un-noised"}.
       uplink_kinds    the kinds of the messages a client sends up that carry a whole model
                       or part of it (names as the model's state_dict), for "uplink".
     """
@@ -294,6 +296,7 @@ class Algorithm:
     memory_knobs: ClassVar[str] = ""
     toolbox: ClassVar[tuple[str, ...]] = ()
     combines_otherwise: ClassVar[str] = ""
+    toolbox_refusals: ClassVar[dict[str, str]] = {}
     uplink_kinds: ClassVar[tuple[str, ...]] = ("model",)
 
     def __init__(self, params: Params, model_factory: ModelFactory | None):
@@ -369,6 +372,13 @@ class Algorithm:
         """Refuse (a one-line ValueError naming the setting to change) a federation whose
         messages or server state would not fit; called before any actor starts, with the
         run's memory budget in bytes. Default: accept."""
+
+    def uplink_reference(self, message: Message, inbox: list[Message]) -> dict | None:
+        """For "uplink" (`toolbox`): the tensors a client's update in `message` is taken
+        against — what it started from this round, which its aggregator holds too. Default
+        None: the tensors of the same names in its step's `inbox`, else its model before
+        the step (runtime/hosts/uplink.py). IFCA names the cluster model it picked."""
+        return None
 
     def rehost(self, participant: str, state: State) -> State:
         """`participant` restarts on a new host after its host was lost; `state` is its

@@ -58,6 +58,10 @@ def lps_samples(federation, lps: int) -> int:
 class HFedAvg(CommonLayers, Algorithm):
     name = "hfedavg"
     toolbox = ("aggregation", "uplink")  # LPS and GPS means; DP and optimisers: star only
+    toolbox_refusals = {
+        "privacy": "central DP is a server's over its sampled clients; here LPSs sum their users",
+        "server_optimizer": "the GPS merges common layers into LPSs, not a model of its own",
+    }
     summary = "Hierarchical FedAvg: LPSs average their users, the GPS averages common layers"
     Params = HFedAvgParams
     shapes = ("hierarchical",)

@@ -146,10 +146,7 @@ class IFCA(Algorithm):
     Params = IFCAParams
     shapes = ("star",)
     keeps = ("model", "extras")  # the model of its last pick (evaluation) and the pick
-    # No "uplink": a client's upload is one of K models (and the cluster it picked), so there
-    # is no single model its update is taken from for compression to encode against.
-    toolbox = ("aggregation", "server_optimizer", "privacy")
-    combines_otherwise = "its upload is one of K cluster models, named by the pick it carries"
+    toolbox = ("aggregation", "server_optimizer", "privacy", "uplink")
 
     def phases(self, round_index, rounds):
         return [
@@ -199,6 +196,13 @@ class IFCA(Algorithm):
         train_local_model(state, ctx, self.params)
         upload = {**model_tensors(state.model), CLUSTER: torch.tensor([j], dtype=torch.int64)}
         return state, [Message(ctx.me, SERVER, "model", upload)]
+
+    def uplink_reference(self, message, inbox):
+        """A client's update is taken against the cluster model it picked (the pick travels
+        with it, uncompressed)."""
+        if message.kind != "model" or not inbox:
+            return None
+        return unpack(inbox[0].tensors)[int(message.tensors[CLUSTER])]
 
     def aggregate(self, state, inbox, ctx):
         models, samples = self.cluster_models(state, ctx), ctx.federation.samples

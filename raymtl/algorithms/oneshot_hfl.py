@@ -82,6 +82,10 @@ def lps_of(labels) -> list[int]:
 class OneShotHFL(CommonLayers, Algorithm):
     name = "oneshot_hfl"
     toolbox = ("aggregation", "uplink")  # LPS and GPS means; DP and optimisers: star only
+    toolbox_refusals = {
+        "privacy": "central DP is a server's over its sampled clients; here LPSs sum their users",
+        "server_optimizer": "the GPS merges common layers into LPSs, not a model of its own",
+    }
     summary = "One-shot data-similarity clustering of users into LPSs, then hierarchical FedAvg"
     Params = OneShotHFLParams
     shapes = ("hierarchical",)

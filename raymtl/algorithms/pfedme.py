@@ -93,6 +93,7 @@ class PFedMe(FedAvg):
 
     name = "pfedme"
     toolbox = ("aggregation", "privacy", "uplink")  # its merge is its own β-step: no optimiser
+    toolbox_refusals = {"server_optimizer": "its server step is its own β-mix of w and the mean"}
     summary = "pFedMe: Moreau-envelope personal models, FedAvg of the local copies"
     Params = PFedMeParams
     shapes = ("star",)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from fractions import Fraction
 from typing import NamedTuple
@@ -21,6 +22,7 @@ from torch import nn
 from raymtl.algorithms.base import LocalTrainingParams, Message, State
 from raymtl.tasks.objectives import build_optimizer, evaluate_task, task_loss
 from raymtl.tasks.spec import OptimizerSpec, TaskSpec
+from raymtl.toolbox.sample_level import active as sample_level_active
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +71,44 @@ def local_sgd(
     The loss is `loss_fn` when given, else the task's (cross-entropy without a task); the
     optimiser is the task's (fresh every call), else SGD with the algorithm's settings.
     `max_steps` ends the schedule after that many steps (partial work: FedProx's stragglers).
+
+    Inside the host's sample-level DP scope (privacy.sample_level), the model and optimiser
+    run as Opacus's DP-SGD (per-sample clipping, seeded noise: toolbox/sample_dp.py), and the
+    run is added to the scope for the client's ε. Opacus privatises the gradients of the
+    model's layers: a loss hook's terms on the parameters themselves (a proximal term) do
+    not reach the private gradient.
     """
     if loss_fn is None:
         loss_fn = lambda net, x, y: task_loss(task, net(x), y)  # noqa: E731
     torch.manual_seed(seed)  # dropout draws
     order_rng = torch.Generator().manual_seed(seed)
     optimizer = build_optimizer(model.parameters(), task, params_optimizer(params))
+    private = sample_level_active()
+    release = None
+    if private is not None:
+        from raymtl.toolbox.sample_dp import make_private
+
+        noise = torch.Generator().manual_seed(derive_seed(seed, "sample-level-dp"))
+        _, optimizer, release = make_private(model, optimizer, private[0], params.batch_size, noise)
     model.train()
+    try:
+        with warnings.catch_warnings():
+            # Opacus's hooks on a first layer whose inputs need no gradient: torch's note
+            # that the hook fires on the outputs' gradients, which is what Opacus uses.
+            warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+            run = sgd_epochs(
+                model, train_x, train_y, params, loss_fn, optimizer, order_rng, max_steps
+            )
+    finally:
+        if release is not None:
+            release()
+    if private is not None:
+        private[1].append((run.steps, len(train_y), params.batch_size))
+    return run
+
+
+def sgd_epochs(model, train_x, train_y, params, loss_fn, optimizer, order_rng, max_steps):
+    """local_sgd's loop: `params.epochs` epochs of shuffled mini-batches (a LocalRun)."""
     losses = []
     for _ in range(params.epochs):
         order = torch.randperm(len(train_y), generator=order_rng)

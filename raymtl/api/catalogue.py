@@ -11,6 +11,7 @@ import typing
 
 from pydantic import BaseModel
 from rich.table import Table
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from raymtl.algorithms import all_algorithms
 from raymtl.api.catalogue_cache import Section, table
@@ -228,11 +229,17 @@ def catalogue_tables() -> list[Table]:
 
 
 def parameter_counts(name: str) -> str:
-    """The model's parameter count with 10 outputs on grey 28x28 and colour 32x32 images."""
-    counts = []
+    """The model's parameter count with 10 outputs on grey 28x28 and colour 32x32 images,
+    and "batch norm" when it has batch-norm layers (what FedBN keeps on the clients): read
+    off the models built for the counts, so the mark costs nothing more."""
+    counts, batch_norm = [], False
     for shape, label in (((1, 28, 28), "1x28x28"), ((3, 32, 32), "3x32x32")):
         try:
-            counts.append(f"{num_params(build_model(name, shape, 10)):,} on {label}")
+            model = build_model(name, shape, 10)
         except (ValueError, RuntimeError, TypeError):  # a plugin model may refuse a shape
             counts.append(f"- on {label}")
-    return "parameters: " + ", ".join(counts)
+            continue
+        counts.append(f"{num_params(model):,} on {label}")
+        batch_norm = batch_norm or any(isinstance(m, _BatchNorm) for m in model.modules())
+    text = "parameters: " + ", ".join(counts)
+    return f"{text}; batch norm" if batch_norm else text

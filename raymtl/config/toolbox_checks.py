@@ -57,7 +57,7 @@ def refusal(section: str, name: str, algorithm: type[Algorithm], what: str, part
     field = {"aggregation": "aggregation.rule", "server_optimizer": "server_optimizer.name"}
     field |= {"compression": "compression.uplink", "attack": "attack.kind"}
     field |= {"privacy": "privacy.noise"}
-    why = algorithm.combines_otherwise
+    why = algorithm.toolbox_refusals.get(part) or algorithm.combines_otherwise
     if part == "uplink" and algorithm.shapes[0] in ("peer", "groups", "none"):
         why = f"its clients send to {'peers' if algorithm.shapes[0] != 'none' else 'nobody'}, "
         why += "not up to a server or LPS"
@@ -84,6 +84,10 @@ def check_privacy(cfg, toolbox: Toolbox, cohort: int) -> None:
     """DP's combinations (§9.3): a robust rule has no sensitivity bound; adaptive clipping
     needs 2σ_b > σ; δ below 1/N; and the budget, when a target ε is given."""
     privacy = toolbox.privacy
+    if privacy.sample_level is not None and cfg.runtime.batch_clients > 1:
+        raise ValueError(
+            "privacy.sample_level: DP-SGD trains client by client; set runtime.batch_clients: 1"
+        )
     if not privacy.client_level:
         return
     population = cfg.data.num_clients
@@ -125,10 +129,11 @@ def check_privacy(cfg, toolbox: Toolbox, cohort: int) -> None:
             if privacy.noise != "local"
             else 0
         )
+        fits = f"run at most {most} rounds" if most else "even one round spends more"
         raise ValueError(
             f"privacy.target_epsilon: {cfg.rounds} rounds would spend ε = {spent:.3g} at "
-            f"δ = {delta:g}, over the target {privacy.target_epsilon:g}; run at most {most} "
-            "rounds, or raise privacy.noise_multiplier"
+            f"δ = {delta:g}, over the target {privacy.target_epsilon:g}; {fits}, or raise "
+            "privacy.noise_multiplier"
         )
 
 

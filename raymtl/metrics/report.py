@@ -37,9 +37,7 @@ COST_METRICS = {
 # total_flops: raymtl/flops.py, absent from runs recorded before it.
 # epsilon: client-level DP's ε at the seed's last round (privacy.clip; absent without it).
 SUMMARY_METRICS = (
-    ACCURACY_METRICS
-    + tuple(COST_METRICS)
-    + ("total_flops", "client_updates_per_second", "epsilon")
+    ACCURACY_METRICS + tuple(COST_METRICS) + ("total_flops", "client_updates_per_second", "epsilon")
 )
 BIT_UNITS = ("b", "Kb", "Mb", "Gb", "Tb", "Pb")
 # The results table's columns in the order they are left out of a terminal too narrow for

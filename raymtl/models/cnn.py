@@ -1,4 +1,5 @@
-"""The small models of the papers: two CNNs, an MLP and multinomial logistic regression.
+"""The small models of the papers: two CNNs, an MLP and multinomial logistic regression,
+and `cnn_bn` (cnn_mnist with batch norm, for FedBN).
 
 Convolutions live under ``backbone.features`` and the fully connected layer under
 ``backbone.fc`` so that hierarchical FL can share the convolutional part by prefix.
@@ -64,6 +65,32 @@ class CNNMnist(FedModel):
         input_shape = check_input_shape(input_shape)
         check_min_side(self.name, input_shape, 4)  # two 2x2 poolings
         features = nn.Sequential(*conv_relu_pool(input_shape[0], 32, 5), *conv_relu_pool(32, 64, 5))
+        backbone = conv_backbone(features, input_shape, _CNN_FEATURE_DIM)
+        super().__init__(backbone, dropout_head(_CNN_FEATURE_DIM, num_classes), _CNN_FEATURE_DIM)
+
+    def common_prefixes(self) -> tuple[str, ...]:
+        return ("backbone.features",)
+
+
+def conv_bn_relu_pool(in_channels: int, out_channels: int, kernel_size: int) -> list[nn.Module]:
+    """Conv ('same' padding) - BatchNorm - ReLU - 2x2 max pool."""
+    conv, *rest = conv_relu_pool(in_channels, out_channels, kernel_size)
+    return [conv, nn.BatchNorm2d(out_channels), *rest]
+
+
+@register
+class CNNBatchNorm(FedModel):
+    """cnn_mnist with a BatchNorm2d after each conv: a model for FedBN (local batch norm)."""
+
+    name = "cnn_bn"
+    description = "cnn_mnist with batch norm after each conv (FedBN's kind of model)"
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int) -> None:
+        input_shape = check_input_shape(input_shape)
+        check_min_side(self.name, input_shape, 4)  # two 2x2 poolings
+        features = nn.Sequential(
+            *conv_bn_relu_pool(input_shape[0], 32, 5), *conv_bn_relu_pool(32, 64, 5)
+        )
         backbone = conv_backbone(features, input_shape, _CNN_FEATURE_DIM)
         super().__init__(backbone, dropout_head(_CNN_FEATURE_DIM, num_classes), _CNN_FEATURE_DIM)
 

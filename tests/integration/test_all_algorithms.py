@@ -54,6 +54,7 @@ PUBLIC = {
     "algorithm.params": {"epochs": 1, "contrastive_steps": T, "public_batch": B, "dim": D},
 }
 SETTINGS = {
+    "fedbn": {"model.name": "cnn_bn"},  # FedBN refuses a model without batch norm
     "dpsgd": RING,
     "dfedu": RING,
     "sheaf_fmtl": RING,
@@ -67,11 +68,30 @@ SETTINGS = {
 }
 
 
-def floats(prefixes: tuple[str, ...] = ("",)) -> int:
+def floats(prefixes: tuple[str, ...] = ("",), model: str = MODEL) -> int:
     """Floating-point entries of the model's state whose names start with `prefixes`."""
-    state = build_model(MODEL, SHAPE, CLASSES).state_dict()
+    state = build_model(model, SHAPE, CLASSES).state_dict()
     return sum(
         t.numel() for n, t in state.items() if t.is_floating_point() and n.startswith(prefixes)
+    )
+
+
+def without_batch_norm(model: str) -> int:
+    """Floating-point entries of the model's state outside its batch-norm layers (FedBN's)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    built = build_model(model, SHAPE, CLASSES)
+    kept = {
+        f"{prefix}.{name}"
+        for prefix, module in built.named_modules()
+        if isinstance(module, _BatchNorm)
+        for name, _ in [
+            *module.named_parameters(recurse=False),
+            *module.named_buffers(recurse=False),
+        ]
+    }
+    return floats(model=model) - sum(
+        t.numel() for n, t in built.state_dict().items() if n in kept and t.is_floating_point()
     )
 
 
@@ -155,6 +175,9 @@ BITS = {
     "fedavg": star(),
     "fedavgm": star(),
     "scaffold": [(2 * up, 2 * down) for up, down in star()],  # the model and c, each way
+    "scaffold_samples": [(2 * up, 2 * down) for up, down in star()],  # the example's
+    "fednova": [(up + sampled(1.0) * 64, down) for up, down in star()],  # + ‖a_k‖₁, float64
+    "fedbn": [(sampled(1.0) * without_batch_norm("cnn_bn") * 32,) * 2] * ROUNDS,
     "pfedme": star(),
     "ditto": star(),  # only the global w travels; personal models stay
     "per_fedavg": star(),

@@ -1,8 +1,9 @@
 """The examples as a user runs them: examples/ copied to a folder outside the repository, so
-their plugins (the FedAvgM and SCAFFOLD algorithms; the `bars` dataset and `tiny_cnn` model)
-are found only through the experiment file's `plugins:`. They give the same results on the
-Inline and the Ray executor, resume exactly, compare with a built-in algorithm, and run through
-`ray job submit` with the project as the job's working_dir or as py_modules."""
+their plugins (the FedAvgM and sample-weighted SCAFFOLD algorithms, `fedavgm` and
+`scaffold_samples`; the `bars` dataset and `tiny_cnn` model) are found only through the
+experiment file's `plugins:`. They give the same results on the Inline and the Ray executor,
+resume exactly, compare with a built-in algorithm, and run through `ray job submit` with the
+project as the job's working_dir or as py_modules."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def registries_without_the_repository_examples():
     from raymtl.data.source_registry import SOURCES
     from raymtl.models.registry import MODELS
 
-    registries = [(ALGORITHMS, "fedavgm"), (ALGORITHMS, "scaffold")]
+    registries = [(ALGORITHMS, "fedavgm"), (ALGORITHMS, "scaffold_samples")]
     registries += [(SOURCES, "bars"), (MODELS, "tiny_cnn")]
     saved = [(registry, name, registry.pop(name, None)) for registry, name in registries]
     yield

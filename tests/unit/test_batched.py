@@ -63,16 +63,19 @@ def make_data(
 
 
 def train_both(models, datas, params, tasks):
-    """(serial models, serial losses, batched models, batched losses) from the same start."""
+    """(serial models, serial losses, batched models, batched losses) from the same start;
+    both paths ran the same number of steps."""
     serial = [copy.deepcopy(model) for model in models]
-    serial_losses = [
+    serial_runs = [
         local_sgd(model, data.train_x, data.train_y, params, seed, task=task)
         for model, data, seed, task in zip(serial, datas, SEEDS, tasks, strict=True)
     ]
     batched = [copy.deepcopy(model) for model in models]
     xs, ys = [d.train_x for d in datas], [d.train_y for d in datas]
-    batched_losses = local_sgd_batched(batched, xs, ys, params, SEEDS, tasks)
-    return serial, serial_losses, batched, batched_losses
+    batched_runs = local_sgd_batched(batched, xs, ys, params, SEEDS, tasks)
+    assert [run.steps for run in batched_runs] == [run.steps for run in serial_runs]
+    serial_losses = [run.loss for run in serial_runs]
+    return serial, serial_losses, batched, [run.loss for run in batched_runs]
 
 
 def assert_same_training(serial, serial_losses, batched, batched_losses) -> None:
@@ -144,8 +147,8 @@ def test_empty_data_gives_nan_losses() -> None:
     models = make_models("mlp")
     before = copy.deepcopy(models[0].state_dict())
     xs, ys = [torch.zeros(0, *SHAPE)] * CLIENTS, [torch.zeros(0, dtype=torch.long)] * CLIENTS
-    losses = local_sgd_batched(models, xs, ys, PARAMS, SEEDS, [None] * CLIENTS)
-    assert all(math.isnan(loss) for loss in losses)
+    runs = local_sgd_batched(models, xs, ys, PARAMS, SEEDS, [None] * CLIENTS)
+    assert all(math.isnan(run.loss) and run.steps == 0 for run in runs)
     for key, value in before.items():
         torch.testing.assert_close(models[0].state_dict()[key], value)
 

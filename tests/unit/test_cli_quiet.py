@@ -62,7 +62,7 @@ def test_list_keeps_its_rows_and_prints_them_again_without_the_registries(
     assert first.exit_code == 0, first.output
     (kept,) = catalogue_home.glob("*.json")
     titles = [title for title, rows in json.loads(kept.read_text())]
-    assert titles[0] == "algorithms (algorithm.name)" and len(titles) == 6
+    assert titles[0] == "algorithms (algorithm.name)" and len(titles) == 7
 
     def no_registries():
         raise AssertionError("the rows were built again")
@@ -85,7 +85,7 @@ def test_list_keeps_its_rows_and_prints_them_again_without_the_registries(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env
     )
     assert probe.returncode == 0, probe.stderr
-    assert probe.stdout.split() == ["6", "False"]
+    assert probe.stdout.split() == ["7", "False"]
 
 
 def test_other_code_is_a_new_key_and_the_old_rows_go(catalogue_home, monkeypatch):

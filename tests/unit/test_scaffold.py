@@ -1,7 +1,8 @@
 """The SCAFFOLD example's maths on numbers worked out by hand (examples/scaffold/scaffold.py,
-loaded as a plugin is): option II's control-variate update, the server's update, the
-corrected local step, what its Params and check_resources refuse, and `load_received`
-loading only the kinds it is given."""
+the sample-weighted `scaffold_samples`, loaded as a plugin is): option II's control-variate
+update, the server's update, the corrected local step, what its Params and check_resources
+refuse, and `load_received` loading only the kinds it is given. The built-in `scaffold`
+(plain means): test_scaffold_builtin.py."""
 
 from __future__ import annotations
 
@@ -102,6 +103,15 @@ def test_corrected_sgd_steps_by_the_corrected_gradient_and_option_ii_is_its_mean
     )
     # c_i⁺ = 0.25 − 0.5 + (1 − 0.595)/(2·0.1) = 1.775 = mean(g(1), g(0.775)) = (2 + 1.55)/2
     torch.testing.assert_close(new_c_i["weight"], torch.tensor([[1.775]]))
+
+
+def test_the_plugin_registers_beside_the_builtin(scaffold):
+    """The example's name does not clash with the built-in SCAFFOLD's."""
+    from raymtl.algorithms import get_algorithm
+
+    assert scaffold.Scaffold.name == "scaffold_samples"
+    assert get_algorithm("scaffold_samples") is scaffold.Scaffold
+    assert get_algorithm("scaffold").__module__ == "raymtl.algorithms.scaffold"
 
 
 def test_a_zero_correction_is_plain_sgd_bit_for_bit(scaffold):

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raymtl.metrics.extras import TABLE_PLOTTERS, TABLE_REPORTERS
-from raymtl.metrics.tables import clusters, faults, graph, ifca, leaders, maps
+from raymtl.metrics.tables import clusters, faults, graph, ifca, leaders, maps, step_metrics
 
-BUILT_IN = (clusters, faults, graph, ifca, leaders, maps)
+BUILT_IN = (clusters, faults, graph, ifca, leaders, maps, step_metrics)
 
 
 def present(run_dir: Path, registry: dict[str, Callable]) -> list[Callable]:

@@ -46,8 +46,12 @@ from raymtl.runtime.storage.checkpoints import (
 )
 from raymtl.runtime.storage.location import Location
 from raymtl.tasks.objectives import evaluate_stacked, evaluate_together, stacked_rows
+from raymtl.toolbox.sample_level import sample_level
 
 log = logging.getLogger(__name__)
+
+# A client's DP-SGD history in its extras: sampling rate -> steps run (privacy.sample_level)
+SAMPLE_STEPS = "sample_level_steps"
 
 # Clients with their own weights are evaluated together per architecture, at most this many
 # at once: the stacked copy of their weights is what a chunk costs in memory.
@@ -113,7 +117,9 @@ class ParticipantHost:
             self.malicious if self.toolbox.attack.kind == "label_flip" else ()
         )
         keeps = self.algorithm.keeps
-        if self.uplink.keeps_residual and "extras" not in keeps:  # e_k is kept client state
+        # e_k and a client's DP-SGD history are kept client state
+        kept_by_toolbox = self.uplink.keeps_residual or self.toolbox.privacy.sample_level
+        if kept_by_toolbox and "extras" not in keeps:
             keeps = (*keeps, "extras")
         # Clients are built on first use (clients.py); other roles are few and kept whole.
         self.clients = HostedClients(
@@ -184,11 +190,19 @@ class ParticipantHost:
             # What the clients start from, where their uplink is transformed (uplink.py).
             before = [self._before(p, state) for p, state in zip(batch, states, strict=True)]
             inbox_list, contexts = [i for i, _, _ in inputs], [c for _, _, c in inputs]
-            with AlgorithmWarnings() as warned, self.precision(batch[0]):
+            private = self._sample_level(phase)
+            with AlgorithmWarnings() as warned, self.precision(batch[0]), private as trained:
                 try:
                     outputs, flops = self._run_steps(phase, step, states, inbox_list, contexts)
                 except Exception as error:  # the algorithm's code: a plugin's, or a bug
                     raise self._step_failed(phase, batch, round_index, error) from error
+            if trained:  # one client a batch: DP-SGD trains client by client
+                self._account_sample_level(states[0], contexts[0], trained)
+            elif phase.trains and self.toolbox.privacy.sample_level is not None:
+                warned.messages.append(
+                    f"privacy.sample_level: {phase.step} trained without local_sgd: no DP-SGD, "
+                    "no sample-level ε"
+                )
             result.flops += flops
             who = "+".join(batch)
             result.warnings += [
@@ -277,6 +291,30 @@ class ParticipantHost:
         )
         return inbox, stored, ctx
 
+    def _sample_level(self, phase: Phase):
+        """The scope in which a client's local training runs DP-SGD (privacy.sample_level)."""
+        settings = self.toolbox.privacy.sample_level if phase.role == "client" else None
+        return sample_level(settings)
+
+    def _account_sample_level(self, state: State, ctx: StepContext, trained: list) -> None:
+        """A client's sample-level ε so far, from every DP-SGD step it ran (kept in its
+        extras: its whole history, so a resumed run goes on counting): a row of
+        step_metrics.parquet."""
+        from raymtl.toolbox.accounting import sample_level_epsilon
+
+        settings = self.toolbox.privacy.sample_level
+        history = state.extras.setdefault(SAMPLE_STEPS, {})
+        for steps, samples, batch_size in trained:
+            rate = min(1.0, batch_size / max(1, samples))
+            history[rate] = history.get(rate, 0) + steps
+        # One rate as a rule (a client's samples and batch size are fixed); several compose
+        # (a sum of ε's at δ each: an upper bound)
+        epsilon = sum(
+            sample_level_epsilon(settings.noise_multiplier, rate, steps, settings.delta)
+            for rate, steps in history.items()
+        )
+        ctx.report(sample_epsilon=epsilon, sample_steps=int(sum(history.values())))
+
     def _before(self, participant: str, state: State) -> dict | None:
         """A client's model before its step, where its uplink is transformed and it may send
         what it did not receive this step (uplink.reference_of); else None."""
@@ -315,7 +353,9 @@ class ParticipantHost:
         """A client's update transformed on its host (uplink.py): attacked, clipped, noised
         and encoded, with the handle of what it is decoded against."""
         names = [n for n, t in message.tensors.items() if t.is_floating_point()]
-        reference, index = reference_of(names, inbox, before)
+        reference, index = self.algorithm.uplink_reference(message, inbox), None
+        if reference is None:
+            reference, index = reference_of(names, inbox, before)
         tensors, bits = self.uplink.transform(
             message, reference, extras, self.spec.seed, round_index
         )
