@@ -281,3 +281,22 @@ def test_a_plugin_job_runs_on_a_head_from_working_dir_or_py_modules(
         assert (clients_of(run_dir)["bits_up"] > 0).sum() == 2  # ⌈0.5·4⌉ clients trained
     # The same module under two names, from two places: the same run.
     pd.testing.assert_frame_equal(clients_of(runs[0]), clients_of(runs[1]))
+
+
+def test_a_plugin_gets_the_toolbox_for_free(project, tmp_path):
+    """FedAvgM subclasses FedAvg and changes only its merge: the experiment's aggregation rule,
+    uplink compression and attackers reach it without a line of its own; its velocity then
+    acts on the rule's combination."""
+    path = quick_experiment(project, "fedavgm", tmp_path)
+    plain = clients_of(run(path, tmp_path / "plain", "algorithm.params.server_momentum=0"))
+    toolbox = (
+        "aggregation.rule=median",
+        "compression.uplink.kind=sign",
+        "attack.fraction=0.25",
+        "algorithm.params.server_momentum=0",
+    )
+    robust = clients_of(run(path, tmp_path / "robust", *toolbox))
+    assert not robust["loss"].equals(plain["loss"])
+    assert (robust["bits_up"] < plain["bits_up"]).any()  # the sign codec's 32 + d per tensor
+    # what it honours is FedAvg's declaration, inherited: a server optimiser is taken too
+    assert load_config(path, ["server_optimizer.name=fedyogi"]).server_optimizer.name == "fedyogi"

@@ -91,3 +91,15 @@ def test_epsilon_in_rounds_summary_and_table(ray_session, make_config, tmp_path)
     assert summary["privacy"]["note"] == "approximation for fixed-size cohorts"
     header = [column.header for column in results_table([summary], "t").columns]
     assert "ε" in header
+
+
+def test_error_feedback_residuals_spill_and_come_back_exactly(make_config, tmp_path):
+    """The residuals e_k are the clients' kept state: under a budget of 1 KB every client's
+    is spilled to disk between its rounds, and the run's numbers do not change."""
+    settings = {"rounds": 3, **ROBUST}
+    resident = run_experiment(make_config(**settings), tmp_path / "resident")
+    budget = {"runtime.memory_budget": "1KB"}
+    spilled = run_experiment(make_config(**settings, **budget), tmp_path / "spilled")
+    pd.testing.assert_frame_equal(clients_of(resident), clients_of(spilled))
+    rounds = pd.read_parquet(spilled / "rounds.parquet")
+    assert (rounds["state_spilled_bytes"] > 0).all() and (rounds["clients_spilled"] > 0).all()

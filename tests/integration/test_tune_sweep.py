@@ -68,3 +68,26 @@ def test_sweep_of_four_trials_writes_a_runnable_best_config(ray_session, tmp_pat
     ran = CliRunner().invoke(app, ["run", str(sweep.best_file), "rounds=1"])
     assert ran.exit_code == 0, ran.output
     assert "test-tuned" in ran.output
+
+
+@pytest.mark.slow
+def test_a_sweep_over_the_noise_multiplier_and_the_server_learning_rate(ray_session, tmp_path):
+    """The toolbox's sections are settings like any other: Tune sweeps them (two trials)."""
+    path = write_experiment(
+        tmp_path,
+        rounds=2,
+        privacy={"clip": 0.5, "noise_multiplier": 1.0, "delta": 1e-3},
+        server_optimizer={"name": "fedadam"},
+    )
+    sweep = raymtl.tune(
+        path,
+        ["privacy.noise_multiplier=grid(0.5, 2.0)", "server_optimizer.lr=choice(0.01)"],
+        search="grid",
+        out=tmp_path / "sweep",
+    )
+    table = sweep.table
+    assert sorted(table["privacy.noise_multiplier"]) == [0.5, 2.0]
+    assert set(table["status"]) == {"done"}
+    best = yaml.safe_load((tmp_path / "sweep" / "best.yaml").read_text())
+    assert best["privacy"]["noise_multiplier"] in (0.5, 2.0)
+    assert best["server_optimizer"] == {**best["server_optimizer"], "name": "fedadam", "lr": 0.01}
