@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 Tensors = dict[str, torch.Tensor]
 DEFAULT_TOOLBOX = Toolbox()
+KRUM = ("krum", "multi_krum")
 
 
 def by_sender(inbox: list[Message]) -> list[Message]:
@@ -48,12 +49,7 @@ def weighted_average(
     The caller fixes the order of `updates` (sorted by sender) so the float sum
     is the same whatever order the messages arrived in.
     """
-    finite = []
-    for tensors, weight in updates:
-        if is_finite(tensors):
-            finite.append((tensors, weight))
-        else:
-            log.warning("rejected a non-finite update (not aggregated)")
+    finite = finite_only(updates)
     total = sum(weight for _, weight in finite)
     if not finite or total <= 0:
         return None
@@ -113,14 +109,13 @@ def combine(
         return private_combine(finite, ctx, state, reference, slot)
     settings = toolbox.aggregation
     if settings.is_default():
-        total = sum(weight for _, weight in finite)
-        return weighted_sum(finite, total) if total > 0 else None
+        return weighted_average(finite)
     from raymtl.toolbox.rules import combine as by_rule
     from raymtl.toolbox.rules import krum_refusal
 
     combined = by_rule(finite, settings)
-    if combined is None and settings.rule in ("krum", "multi_krum"):
-        reason = krum_refusal(len(finite), settings.f)
+    reason = krum_refusal(len(finite), settings.f) if settings.rule in KRUM else None
+    if combined is None and reason is not None:
         where = ctx.me if ctx is not None else "aggregator"
         log.warning("%s keeps its model this round: %s", where, reason)
     return combined
