@@ -208,23 +208,32 @@ def krum_scaling(args, out: Path) -> list[dict]:
     return rows
 
 
-def uplink_maths(clients: int, fraction: float, repeats: int = 3) -> dict[str, tuple]:
+def uplink_maths(args, repeats: int = 3) -> dict[str, tuple]:
     """Seconds per round of the uplink's maths alone (raymtl.toolbox's functions, as
-    raymtl/runtime/hosts/uplink.py calls them) on `clients` cnn_mnist-sized updates, the
+    raymtl/runtime/hosts/uplink.py calls them) on `args.clients` cnn_mnist-sized updates, the
     median of `repeats` rounds: piece -> (the clients' hosts: attack, clip and noise,
-    compression with error feedback; the aggregator's decoding, which its phase holds)."""
+    compression with error feedback; the aggregator's decoding, which its phase holds; the
+    fraction the clients' part is of a round's local training, timed just before it (one
+    epoch of `local_sgd` on 0.8·max_samples random samples per client) so that the shared
+    machine's load of the moment cancels)."""
+    from raymtl.extend import LocalTrainingParams, local_sgd
     from raymtl.toolbox.attacks import attack_update
     from raymtl.toolbox.compression import compress, decode
     from raymtl.toolbox.privacy import clip_update, gaussian_noise_like
     from raymtl.toolbox.settings import UplinkCodec
 
+    clients = args.clients
     model = build_model("cnn_mnist", (1, 28, 28), 10)
     generator = torch.Generator().manual_seed(0)
     deltas = [
         {n: 0.01 * torch.randn(t.shape, generator=generator) for n, t in model.state_dict().items()}
         for _ in range(clients)
     ]
-    malicious = deltas[: int(round(fraction * clients))]
+    malicious = deltas[: int(round(0.2 * clients))]
+    samples = int(0.8 * args.max_samples)
+    train_x = torch.randn(samples, 1, 28, 28, generator=generator)
+    train_y = torch.randint(0, 10, (samples,), generator=generator)
+    params = LocalTrainingParams(epochs=args.epochs, lr=0.05)
 
     def timed(one_round) -> float:
         one_round()  # warm (and the residuals of error feedback filled)
@@ -235,7 +244,20 @@ def uplink_maths(clients: int, fraction: float, repeats: int = 3) -> dict[str, t
             seconds.append(time.perf_counter() - began)
         return statistics.median(seconds)
 
-    def codec(settings: UplinkCodec) -> tuple[float, float]:
+    def training() -> float:
+        """A round's local training: 4 clients' epochs, times clients / 4."""
+        began = time.perf_counter()
+        for k in range(4):
+            local_sgd(model, train_x, train_y, params, seed=k)
+        return (time.perf_counter() - began) * clients / 4
+
+    def case(client_round, decode_round=None) -> tuple[float, float, float]:
+        reference = training()
+        client = timed(client_round)
+        server = timed(decode_round) if decode_round is not None else 0.0
+        return client, server, client / reference
+
+    def codec(settings: UplinkCodec) -> tuple[float, float, float]:
         residuals: list = [None] * clients
         payloads: list = [None] * clients
 
@@ -243,8 +265,7 @@ def uplink_maths(clients: int, fraction: float, repeats: int = 3) -> dict[str, t
             for k, delta in enumerate(deltas):
                 payloads[k], _, residuals[k] = compress(settings, delta, residuals[k], generator)
 
-        client = timed(encode_round)
-        return client, timed(lambda: [decode(settings, payload) for payload in payloads])
+        return case(encode_round, lambda: [decode(settings, payload) for payload in payloads])
 
     def local_dp():
         for delta in deltas:
@@ -252,13 +273,14 @@ def uplink_maths(clients: int, fraction: float, repeats: int = 3) -> dict[str, t
             noise = gaussian_noise_like(clipped, 1.0, generator)
             {n: v + noise[n] for n, v in clipped.items()}
 
-    def attack(kind: str) -> tuple[float, float]:
-        return timed(lambda: [attack_update(kind, d, 1.0, generator) for d in malicious]), 0.0
+    def attack(kind: str) -> tuple[float, float, float]:
+        return case(lambda: [attack_update(kind, d, 1.0, generator) for d in malicious])
 
+    training()  # warm
     return {
         "attack sign_flip 20 %": attack("sign_flip"),
         "attack gaussian 20 %": attack("gaussian"),
-        "privacy local, C 1, σ 1": (timed(local_dp), 0.0),
+        "privacy local, C 1, σ 1": case(local_dp),
         "compression topk 1 % + EF": codec(UplinkCodec(kind="topk", ratio=0.01, **EF)),
         "compression qsgd 127 + EF": codec(UplinkCodec(kind="qsgd", levels=127, **EF)),
         "compression sign + EF": codec(UplinkCodec(kind="sign", **EF)),
@@ -281,14 +303,16 @@ def machine() -> tuple[str, str]:
 
 def table(baselines, measured, maths: dict, sample_level_skipped: bool) -> str:
     """The pieces against the baselines either side; "estimate" is the added aggregation
-    phase plus the clients' uplink maths alone (`uplink_maths`), against the baselines'
-    median: what the noise of the training leaves of a piece's cost."""
+    phase plus the clients' uplink maths alone (`uplink_maths`, as its fraction of a round's
+    training times the baselines' median training seconds), against the baselines' median
+    round: what the noise of the training leaves of a piece's cost."""
     totals = [b["total"] for b in baselines]
+    train = statistics.median(b["train"] for b in baselines)
     aggregates = [b["aggregate"] for b in baselines]
     reference = statistics.median(totals)
     lines = [
         "| piece | s/round | baseline either side, s/round | added s/round | % over baseline "
-        "| aggregate phase s | added to the aggregate phase s | clients' uplink maths s "
+        "| aggregate phase s | added to the aggregate phase s | clients' uplink maths, scaled s "
         "| estimate: added s/round (% of baseline) | outside the phases s |",
         "|---|---|---|---|---|---|---|---|---|---|",
         f"| baseline (FedAvg, mean by samples) ×{len(baselines)} | "
@@ -301,7 +325,7 @@ def table(baselines, measured, maths: dict, sample_level_skipped: bool) -> str:
             lines.append(f"| {result['name']} | **failed**: `{result['error']}` |" + " |" * 8)
             continue
         c = compared(baselines, result)
-        client = maths.get(result["name"], (0.0, 0.0))[0]
+        client = maths.get(result["name"], (0.0, 0.0, 0.0))[2] * train
         estimate = c["aggregate_added"] + client
         lines.append(
             f"| {result['name']} | {result['total']:.2f} | {c['baseline']:.2f} | "
@@ -337,11 +361,13 @@ def scaling_table(rows: list[dict], d: int) -> str:
 
 def maths_table(maths: dict) -> str:
     lines = [
-        "| uplink piece | clients' hosts, s per round | aggregator's decoding, s per round |",
-        "|---|---|---|",
+        "| uplink piece | clients' hosts, s per round | aggregator's decoding, s per round "
+        "| clients' part / a round's local training |",
+        "|---|---|---|---|",
     ]
     lines += [
-        f"| {name} | {client:.3f} | {server:.3f} |" for name, (client, server) in maths.items()
+        f"| {name} | {client:.3f} | {server:.3f} | {100 * share:.1f} % |"
+        for name, (client, server, share) in maths.items()
     ]
     return "\n".join(lines) + "\n"
 
@@ -384,7 +410,7 @@ def main() -> None:
         )
         baselines, measured = interleaved(args, base, pieces)
         scaling = [] if args.no_scaling else krum_scaling(args, out)
-    maths = uplink_maths(args.clients, 0.2)
+    maths = uplink_maths(args)
     took = time.perf_counter() - began
 
     d = sum(p.numel() for p in build_model("cnn_mnist", (1, 28, 28), 10).parameters())

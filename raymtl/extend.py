@@ -40,6 +40,7 @@ from raymtl.algorithms.base import (
 )
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register_algorithm
+from raymtl.algorithms.scaffold import Scaffold
 from raymtl.algorithms.training import (
     LocalRun,
     LossHook,
@@ -73,6 +74,7 @@ __all__ = [
     "Params",
     "Phase",
     "Pool",
+    "Scaffold",
     "State",
     "StepContext",
     "Targets",

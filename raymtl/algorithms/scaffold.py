@@ -13,11 +13,13 @@ client k ran (E·⌈n_k/B⌉). Round t, S_t the sampled clients (m_t of N):
                      sends y_k and Δc_k = c_k⁺ − c_k;  c_k ← c_k⁺    (kinds "model", "control")
     server:          x ← x + η_g·(1/m_t)·Σ_{k∈S_t} (y_k − x)
                      c ← c + (1/N)·Σ_{k∈S_t} Δc_k
-The means are the paper's plain ones, not weighted by samples (the plugin example
-examples/scaffold registers `scaffold_samples`, the sample-weighted variant).
+The means are the paper's plain ones, not weighted by samples. Both take their weights from
+one hook, `mean_weights` (w_k = 1 here: x's mean divides by Σ_{k∈S_t} w_k = m_t, c's sum by
+Σ_k w_k = N), which a variant overrides: the plugin example examples/scaffold registers
+`scaffold_samples`, the sample-weighted variant, by that alone.
 
 Composition with the toolbox (docs/ALGORITHMS.md §9): the y_k go through the experiment's
-aggregation rule (`combine`) with equal weights, so the default rule is the plain mean above
+aggregation rule (`combine`) with the w_k (equal), so the default rule is the plain mean above
 and another rule (median, trimmed mean, Krum) replaces it; then x + η_g·(combined − x) goes
 to the server optimiser, which steps on η_g·Δ_t. With η_g = 1, round 1 (c = c_k = 0) is
 FedAvg's round under `weights: uniform` (bit for bit FedAvg's when every n_k is equal).
@@ -50,6 +52,7 @@ from raymtl.algorithms.base import (
     State,
     StepContext,
     client_name,
+    index_of,
 )
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import (
@@ -137,12 +140,17 @@ def server_model(x: Tensors, combined: Tensors, server_lr: float) -> Tensors:
     return {name: value + server_lr * (combined[name] - value) for name, value in x.items()}
 
 
-def server_control(control: Tensors, deltas: list[Tensors], num_clients: int) -> Tensors:
-    """c + (1/N)·Σ_k Δc_k, summed in the order given."""
+def server_control(
+    control: Tensors, deltas: list[Tensors], total: float, weights: list[float] | None = None
+) -> Tensors:
+    """c + (Σ_k w_k·Δc_k)/`total`, summed in the order given: c + (1/N)·Σ_k Δc_k with
+    w_k = 1 (no `weights`) and total = N."""
     if not deltas:
         return control
+    weights = [1.0] * len(deltas) if weights is None else weights
+    pairs = list(zip(deltas, weights, strict=True))
     return {
-        name: value + sum(delta[name] for delta in deltas) / num_clients
+        name: value + sum(delta[name] * weight for delta, weight in pairs) / total
         for name, value in control.items()
     }
 
@@ -216,13 +224,21 @@ class Scaffold(Algorithm):
             Message(ctx.me, SERVER, "control", delta),
         ]
 
+    def mean_weights(self, federation: FederationInfo) -> list[float]:
+        """w_k for every client k of the federation, the weights of the server's two means
+        over S_t (its clients whose y_k and Δc_k are finite): x ← x + η_g·Σ_{S_t} (w_k/Σ_{S_t}
+        w)·(y_k − x) (through the aggregation rule) and c ← c + Σ_{S_t} (w_k/Σ_all w)·Δc_k.
+        1 each: the paper's 1/m_t and 1/N. A hook for variants (examples/scaffold: n_k)."""
+        return [1.0] * federation.num_clients
+
     def aggregate(self, state: State, inbox: list[Message], ctx: StepContext):
         received: dict[str, dict[str, Tensors]] = {}
         for message in by_sender(inbox):  # sorted by sender: the sums' order is fixed
             received.setdefault(message.src, {})[message.kind] = message.tensors
+        weights = self.mean_weights(ctx.federation)
         usable = [  # a client whose y_k or Δc_k is not finite is left out of both
-            (kinds["model"], kinds["control"])
-            for kinds in received.values()
+            (kinds["model"], kinds["control"], weights[index_of(src)])
+            for src, kinds in received.items()
             if "model" in kinds
             and "control" in kinds
             and is_finite(kinds["model"])
@@ -230,13 +246,13 @@ class Scaffold(Algorithm):
         ]
         x = model_tensors(state.model)
         control = state.extras.setdefault("control", zero_control(state.model))
-        # Equal weights: the default rule takes the paper's plain mean of the y_k.
-        combined = combine([(y, 1.0) for y, _ in usable], ctx, state, reference=x)
+        # The w_k (1 each here): the default rule takes the paper's plain mean of the y_k.
+        combined = combine([(y, w) for y, _, w in usable], ctx, state, reference=x)
         if combined is not None:
             stepped = server_model(x, combined, self.params.server_lr)
             load_tensors(state.model, server_update(state, x, stepped, ctx))
-            num_clients = ctx.federation.num_clients
-            state.extras["control"] = server_control(control, [dc for _, dc in usable], num_clients)
+            deltas, used = [dc for _, dc, _ in usable], [w for _, _, w in usable]
+            state.extras["control"] = server_control(control, deltas, sum(weights), used)
         x = model_tensors(state.model)
         everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
         return state, [Message(SERVER, client_name(i), "global_model", x, True) for i in everyone]

@@ -23,6 +23,8 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1]
+# 20 distinct colours: the DP and compression panels hold up to 13 lines
+plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.get_cmap("tab20").colors)
 
 
 # --- reading ---------------------------------------------------------------------------------

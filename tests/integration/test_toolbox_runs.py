@@ -32,7 +32,16 @@ PRIVATE = {
     "server_optimizer": {"name": "fedadam", "lr": 0.03},
     "compression": {"uplink": {"kind": "qsgd", "levels": 127}},
 }
-COMBINATIONS = {"robust": ROBUST, "private": PRIVATE}
+# local DP, a trimmed mean, scaled sign with error feedback, 20 % label flippers, FedYogi
+LOCAL = {
+    "data.num_clients": 10,
+    "privacy": {"clip": 0.5, "noise_multiplier": 0.3, "noise": "local", "delta": 1e-3},
+    "aggregation": {"rule": "trimmed_mean", "beta": 0.2},
+    "server_optimizer": {"name": "fedyogi", "lr": 0.03},
+    "compression": {"uplink": {"kind": "sign", "error_feedback": True}},
+    "attack": {"fraction": 0.2, "kind": "label_flip"},
+}
+COMBINATIONS = {"robust": ROBUST, "private": PRIVATE, "local": LOCAL}
 COLUMNS = ["seed", "round", "client", "loss", "accuracy", "bits_up", "bits_down"]
 
 

@@ -1,8 +1,8 @@
-"""The SCAFFOLD example's maths on numbers worked out by hand (examples/scaffold/scaffold.py,
-the sample-weighted `scaffold_samples`, loaded as a plugin is): option II's control-variate
-update, the server's update, the corrected local step, what its Params and check_resources
-refuse, and `load_received` loading only the kinds it is given. The built-in `scaffold`
-(plain means): test_scaffold_builtin.py."""
+"""The SCAFFOLD example (examples/scaffold/scaffold.py, `scaffold_samples`, loaded as a plugin
+is): a subclass of the built-in SCAFFOLD whose server weights both means by the clients'
+samples. Its server step and a whole round on numbers worked out by hand; with equal n_i the
+built-in's plain means; everything else the built-in's, under a name that does not clash
+with it. The built-in `scaffold` itself (plain means): test_scaffold_builtin.py."""
 
 from __future__ import annotations
 
@@ -13,11 +13,22 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from raymtl.extend import ClientData, FederationInfo, Message, load_received
+from raymtl.extend import (
+    SERVER,
+    ClientData,
+    FederationInfo,
+    Message,
+    Scaffold,
+    State,
+    StepContext,
+    load_received,
+    weighted_average,
+)
 from raymtl.plugins import load_plugin
-from raymtl.tasks.spec import OptimizerSpec, TaskSpec
+from raymtl.tasks.spec import TaskSpec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "scaffold" / "scaffold.py"
+MSE = TaskSpec(name="y", targets="y", loss="mse", outputs=1, metrics=("mse",))
 
 
 @pytest.fixture(scope="module")
@@ -26,148 +37,158 @@ def scaffold():
     return load_plugin(str(EXAMPLE))
 
 
-def vector(*values: float) -> dict[str, torch.Tensor]:
-    return {"w": torch.tensor(values)}
-
-
-def test_client_control_update_by_hand(scaffold):
-    c_i, c = vector(0.5, -1.0), vector(0.25, 0.5)
-    x, y = vector(1.0, 2.0), vector(0.6, 2.4)
-    new_c_i, delta = scaffold.client_control_update(c_i, c, x, y, steps=4, lr=0.1)
-    # (x − y)/(K·η_l) = [0.4, -0.4]/0.4 = [1, -1]
-    # c_i⁺ = c_i − c + [1, -1] = [0.5 − 0.25 + 1, -1 − 0.5 − 1] = [1.25, -2.5]
-    # Δc_i = c_i⁺ − c_i = [0.75, -1.5]
-    torch.testing.assert_close(new_c_i["w"], torch.tensor([1.25, -2.5]))
-    torch.testing.assert_close(delta["w"], torch.tensor([0.75, -1.5]))
-    # No local step (no training samples): c_i stays, Δc_i = 0.
-    same, nothing = scaffold.client_control_update(c_i, c, x, x, steps=0, lr=0.1)
-    assert torch.equal(same["w"], c_i["w"]) and torch.equal(nothing["w"], torch.zeros(2))
-
-
-def test_server_update_by_hand(scaffold):
-    x, c = vector(1.0, -2.0), vector(0.1, 0.2)
-    updates = [  # (y_i, Δc_i, n_i) of the 2 sampled clients; the other clients hold 4 samples
-        (vector(2.0, 0.0), vector(0.4, -0.8), 1),
-        (vector(0.5, -1.0), vector(0.2, 0.4), 3),
-    ]
-    new_x, new_c = scaffold.server_update(x, c, updates, total_samples=8, server_lr=0.5)
-    # Δy = [1, 2] and [-0.5, 1]; mean weighted by n_i: ([1, 2] + 3·[-0.5, 1])/4 = [-0.125, 1.25]
-    # x' = x + 0.5·[-0.125, 1.25] = [0.9375, -1.375]
-    torch.testing.assert_close(new_x["w"], torch.tensor([0.9375, -1.375]))
-    # c' = c + (1/8)·[0.4, -0.8] + (3/8)·[0.2, 0.4] = [0.1 + 0.05 + 0.075, 0.2 − 0.1 + 0.15]
-    torch.testing.assert_close(new_c["w"], torch.tensor([0.225, 0.25]))
-
-
-def test_server_update_with_equal_samples_is_the_papers_and_fedavgs(scaffold):
-    """Equal n_i: c' = c + (|S|/N)·mean(Δc_i). η_g = 1: x' is FedAvg's average bit for bit.
-    A client whose Δc_i is not finite is left out of both sums."""
-    x, c = vector(1.0, 3e-8), vector(0.0, 0.0)
-    updates = [
-        (vector(0.3, 1e-8), vector(0.2, 0.6), 5),
-        (vector(-0.7, 0.1), vector(0.4, -0.3), 5),
-        (vector(9.0, 9.0), vector(float("nan"), 0.0), 5),
-    ]
-    new_x, new_c = scaffold.server_update(x, c, updates, total_samples=20, server_lr=1.0)
-    fedavg = updates[0][0]["w"] * 0.5 + updates[1][0]["w"] * 0.5  # weighted_average's sum
-    assert torch.equal(new_x["w"], fedavg)
-    # |S| = 2 usable of N = 4 clients: c' = (2/4)·mean([0.2, 0.6], [0.4, -0.3]) = [0.15, 0.075]
-    torch.testing.assert_close(new_c["w"], torch.tensor([0.15, 0.075]))
-    nothing = [(vector(float("inf"), 0.0), vector(0.0, 0.0), 5)]
-    assert scaffold.server_update(x, c, nothing, 20, 1.0) == (x, c)  # unchanged
-
-
-def one_weight_model(value: float) -> nn.Module:
-    model = nn.Linear(1, 1, bias=False)
+def linear(*values: float) -> nn.Module:
+    """A model whose only parameter is `weight`, shape (1, len(values))."""
+    model = nn.Linear(len(values), 1, bias=False)
     with torch.no_grad():
-        model.weight.fill_(value)
+        model.weight.copy_(torch.tensor([values]))
     return model
 
 
-def test_corrected_sgd_steps_by_the_corrected_gradient_and_option_ii_is_its_mean(scaffold):
-    """Two samples x = 1, y = 0 under MSE, one a batch: loss w², gradient g(w) = 2w."""
-    ones, zeros = torch.ones(2, 1), torch.zeros(2, 1)
-    mse = TaskSpec(name="t", targets="t", loss="mse", outputs=1)
-    data = ClientData(ones, zeros, ones, zeros, 1, (1, 1, 1), mse)
-    params = scaffold.ScaffoldParams(epochs=1, batch_size=1, lr=0.1)
-    model = one_weight_model(1.0)
-    c, c_i = {"weight": torch.tensor([[0.5]])}, {"weight": torch.tensor([[0.25]])}
-    correction = {"weight": c["weight"] - c_i["weight"]}
-    loss, steps = scaffold.corrected_sgd(model, data, params, seed=0, correction=correction)
-    # w1 = 1 − 0.1·(2·1 + 0.25) = 0.775;  w2 = 0.775 − 0.1·(2·0.775 + 0.25) = 0.595
-    # task losses 1² and 0.775² = 0.600625: mean 0.8003125
-    assert steps == 2
-    torch.testing.assert_close(model.weight.detach(), torch.tensor([[0.595]]))
-    assert loss == pytest.approx(0.8003125)
-    new_c_i, _ = scaffold.client_control_update(
-        c_i, c, {"weight": torch.ones(1, 1)}, {"weight": model.weight.detach()}, steps, 0.1
+def weight(*values: float) -> dict[str, torch.Tensor]:
+    return {"weight": torch.tensor([values])}
+
+
+def server_context(samples: tuple[int, ...], sampled=(0, 1)) -> StepContext:
+    federation = FederationInfo(len(samples), samples, (1,) * len(samples), (1, 1, 1))
+    return StepContext(SERVER, 1, 5, 0, tuple(sampled), federation)
+
+
+def server_step(algorithm, x, c, uploads, samples) -> tuple[torch.Tensor, torch.Tensor]:
+    """The algorithm's `aggregate` on a server holding x and c, its inbox the (y_i, Δc_i) of
+    `uploads` (client i: the i-th); returns (x', c')."""
+    server = State(model=linear(*x), extras={"control": weight(*c)})
+    inbox = []
+    for i, (y, delta) in enumerate(uploads):
+        inbox.append(Message(f"client/{i}", SERVER, "model", weight(*y)))
+        inbox.append(Message(f"client/{i}", SERVER, "control", weight(*delta)))
+    algorithm.aggregate(server, inbox, server_context(samples, range(len(uploads))))
+    return server.model.weight.detach()[0], server.extras["control"]["weight"][0]
+
+
+def test_the_server_step_is_weighted_by_samples_by_hand(scaffold):
+    """x = [1, -2], c = [0.1, 0.2], η_g = 0.5; clients 0 and 1 of 4 upload, n = (1, 3, 2, 2)."""
+    plugin = scaffold.ScaffoldSamples(Scaffold.Params(server_lr=0.5), None)
+    uploads = [((2.0, 0.0), (0.4, -0.8)), ((0.5, -1.0), (0.2, 0.4))]
+    x, c = server_step(plugin, (1.0, -2.0), (0.1, 0.2), uploads, samples=(1, 3, 2, 2))
+    # Δy = [1, 2] and [-0.5, 1]; n_S = 4: Σ (n_i/n_S)·Δy_i = ([1, 2] + 3·[-0.5, 1])/4
+    # = [-0.125, 1.25];  x' = x + 0.5·[-0.125, 1.25] = [0.9375, -1.375]
+    torch.testing.assert_close(x, torch.tensor([0.9375, -1.375]))
+    # n = 8: c' = c + (1/8)·[0.4, -0.8] + (3/8)·[0.2, 0.4] = [0.1 + 0.05 + 0.075, 0.2 − 0.1 + 0.15]
+    torch.testing.assert_close(c, torch.tensor([0.225, 0.25]))
+    # The built-in on the same inbox, plain means: x' = x + 0.5·mean(Δy_i) = x + 0.5·[0.25, 1.5]
+    # = [1.125, -1.25];  c' = c + (1/4)·([0.4, -0.8] + [0.2, 0.4]) = [0.25, 0.1]
+    builtin = Scaffold(Scaffold.Params(server_lr=0.5), None)
+    x, c = server_step(builtin, (1.0, -2.0), (0.1, 0.2), uploads, samples=(1, 3, 2, 2))
+    torch.testing.assert_close(x, torch.tensor([1.125, -1.25]))
+    torch.testing.assert_close(c, torch.tensor([0.25, 0.1]))
+
+
+def test_with_server_lr_one_x_is_fedavgs_average_bit_for_bit(scaffold):
+    """η_g = 1: x' is the sample-weighted average of the y_i (FedAvg's `weighted_average`)
+    to the bit; a client whose Δc_i is not finite is left out of both sums."""
+    plugin = scaffold.ScaffoldSamples(Scaffold.Params(), None)
+    ys = [(0.3, 1e-8), (-0.7, 0.1), (9.0, 9.0)]
+    deltas = [(0.2, 0.6), (0.4, -0.3), (float("nan"), 0.0)]
+    uploads = list(zip(ys, deltas, strict=True))
+    x, c = server_step(plugin, (1.0, 3e-8), (0.0, 0.0), uploads, samples=(2, 5, 7, 6))
+    fedavg = weighted_average([(weight(*ys[0]), 2), (weight(*ys[1]), 5)])
+    assert torch.equal(x, fedavg["weight"][0])
+    # n = 20: c' = (2/20)·[0.2, 0.6] + (5/20)·[0.4, -0.3] = [0.12, -0.015]
+    torch.testing.assert_close(c, torch.tensor([0.12, -0.015]))
+
+
+@pytest.mark.parametrize("server_lr", [1.0, 0.5])
+def test_with_equal_samples_it_is_the_builtins_plain_means(scaffold, server_lr):
+    """Every n_i equal: w_i/Σ_S w = 1/|S| and w_i/Σ w = 1/N, the paper's means. x' is the
+    built-in's bit for bit; c' the same up to rounding (n·Δc_i/(n·N) against Δc_i/N)."""
+    generator = torch.Generator().manual_seed(0)
+    x, c = torch.randn(2, generator=generator).tolist(), (0.3, -0.1)
+    uploads = [
+        (torch.randn(2, generator=generator).tolist(), torch.randn(2, generator=generator).tolist())
+        for _ in range(3)
+    ]
+    settings = Scaffold.Params(server_lr=server_lr)
+    plugin = server_step(scaffold.ScaffoldSamples(settings, None), x, c, uploads, (7,) * 5)
+    builtin = server_step(Scaffold(settings, None), x, c, uploads, (7,) * 5)
+    assert torch.equal(plugin[0], builtin[0])
+    torch.testing.assert_close(plugin[1], builtin[1])
+    federation = server_context((7,) * 5).federation
+    assert Scaffold(settings, None).mean_weights(federation) == [1.0] * 5
+    assert scaffold.ScaffoldSamples(settings, None).mean_weights(federation) == [7.0] * 5
+
+
+def regression(samples: int) -> ClientData:
+    """x = 1, y = 0 for every sample: f(w) = w², g(w) = 2w whatever the batch."""
+    x, y = torch.ones(samples, 1), torch.zeros(samples, 1)
+    return ClientData(x, y, x, y, 1, (1, 1, 1), task=MSE)
+
+
+def test_a_whole_round_by_hand(scaffold):
+    """The inherited steps, broadcast → train → aggregate, on a one-weight model; x = 1,
+    c = c_i = 0, η_l = 0.1, η_g = 1, batches of one, n = (2, 3, 5, 5), clients 0 and 1 sampled.
+    client 0, K = 2: y = 1 → 0.8 → 0.64;  c_0⁺ = (1 − 0.64)/(2·0.1) = 1.8
+    client 1, K = 3: y = 1 → 0.8 → 0.64 → 0.512;  c_1⁺ = (1 − 0.512)/(3·0.1) = 1.62667
+    x ← (2·0.64 + 3·0.512)/5 = 0.5632 (the built-in's plain mean: 0.576)
+    c ← (2·1.8 + 3·1.62667)/15 = (3.6 + 4.88)/15 = 0.56533 (the built-in's: 3.42667/4)"""
+    samples = (2, 3, 5, 5)
+    algorithm = scaffold.ScaffoldSamples(
+        Scaffold.Params(epochs=1, batch_size=1, lr=0.1), lambda who, classes: linear(1.0)
     )
-    # c_i⁺ = 0.25 − 0.5 + (1 − 0.595)/(2·0.1) = 1.775 = mean(g(1), g(0.775)) = (2 + 1.55)/2
-    torch.testing.assert_close(new_c_i["weight"], torch.tensor([[1.775]]))
+    federation = server_context(samples).federation
+    server = algorithm.init_state(SERVER, None, federation)
+    _, down = algorithm.broadcast(server, [], server_context(samples))
+    up = []
+    for k in (0, 1):
+        me = f"client/{k}"
+        client = algorithm.init_state(me, regression(samples[k]), federation)
+        ctx = StepContext(me, 1, 5, 0, (0, 1), federation)
+        _, outbox = algorithm.train(client, [m for m in down if m.dst == me], ctx)
+        up += outbox
+    algorithm.aggregate(server, up, server_context(samples))
+    assert float(server.model.weight.detach()) == pytest.approx(0.5632, abs=1e-7)
+    control = float(server.extras["control"]["weight"])
+    assert control == pytest.approx((2 * 1.8 + 3 * 0.488 / 0.3) / 15, abs=1e-6)
 
 
 def test_the_plugin_registers_beside_the_builtin(scaffold):
-    """The example's name does not clash with the built-in SCAFFOLD's."""
+    """Its own name: the built-in `scaffold` stays the built-in, with its plain means."""
     from raymtl.algorithms import get_algorithm
 
-    assert scaffold.Scaffold.name == "scaffold_samples"
-    assert get_algorithm("scaffold_samples") is scaffold.Scaffold
-    assert get_algorithm("scaffold").__module__ == "raymtl.algorithms.scaffold"
+    plugin = scaffold.ScaffoldSamples
+    assert plugin.name == "scaffold_samples" and Scaffold.name == "scaffold"
+    assert get_algorithm("scaffold_samples") is plugin
+    assert get_algorithm("scaffold") is Scaffold
+    assert Scaffold.__module__ == "raymtl.algorithms.scaffold"
+    assert Scaffold.mean_weights is not plugin.mean_weights
 
 
-def test_a_zero_correction_is_plain_sgd_bit_for_bit(scaffold):
-    """c = c_i = 0 (round 1): the step is `local_sgd`'s, so round 1 is FedAvg's."""
-    from raymtl.extend import local_sgd
-
-    x = torch.linspace(-1, 1, 12).reshape(6, 2)
-    data = ClientData(x, torch.tensor([0, 1, 2, 0, 1, 2]), x, x, 3, (1, 1, 2))
-    params = scaffold.ScaffoldParams(epochs=2, batch_size=4, lr=0.3, weight_decay=0.01)
-    corrected, plain = nn.Linear(2, 3), nn.Linear(2, 3)
-    plain.load_state_dict(corrected.state_dict())
-    zero = scaffold.zero_control(corrected)
-    scaffold.corrected_sgd(corrected, data, params, seed=7, correction=zero)
-    local_sgd(plain, data.train_x, data.train_y, params, seed=7)
-    expected = plain.state_dict()
-    for name, value in corrected.state_dict().items():
-        assert torch.equal(value, expected[name]), name
-
-
-@pytest.mark.parametrize(
-    ("settings", "field"), [({"momentum": 0.9}, "momentum"), ({"clip_grad": 1.0}, "clip_grad")]
-)
-def test_params_refuse_what_is_not_plain_sgd(scaffold, settings, field):
-    with pytest.raises(ValidationError, match=f"{field}: SCAFFOLD's correction needs plain SGD"):
-        scaffold.ScaffoldParams(**settings)
-    assert scaffold.ScaffoldParams(weight_decay=1e-4).weight_decay == 1e-4  # part of g_i
-
-
-def federation_of(task: TaskSpec) -> FederationInfo:
-    return FederationInfo(2, (10, 10), (3, 3), (1, 8, 8), tasks=(0, 0), task_specs=(task,))
-
-
-def test_a_task_optimiser_other_than_plain_sgd_is_refused(scaffold):
-    algorithm = scaffold.Scaffold(scaffold.ScaffoldParams(), None)
-    adam = TaskSpec(name="faces", optimizer=OptimizerSpec("adam", lr=1e-3))
-    with pytest.raises(
-        ValueError, match="task 'faces' trains with adam; SCAFFOLD's correction needs plain SGD"
-    ):
-        algorithm.check_resources(federation_of(adam), memory_budget=1e9)
-    heavy = TaskSpec(name="t", optimizer=OptimizerSpec("sgd", momentum=0.9))
-    with pytest.raises(ValueError, match="task 't' trains with sgd with momentum 0.9; "):
-        algorithm.check_resources(federation_of(heavy), memory_budget=1e9)
-    for fine in (TaskSpec(), TaskSpec(optimizer=OptimizerSpec("sgd", weight_decay=0.1))):
-        algorithm.check_resources(federation_of(fine), memory_budget=1e9)
+def test_it_changes_the_weights_alone(scaffold):
+    """Everything but `mean_weights` (and its name) is the built-in's: Params and their
+    refusals, the round, what a client keeps, the toolbox it takes and refuses."""
+    plugin = scaffold.ScaffoldSamples
+    assert {key for key in vars(plugin) if not key.startswith("__")} == {
+        "name",
+        "summary",
+        "mean_weights",
+    }
+    assert plugin.Params is Scaffold.Params and plugin.keeps == ("extras",)
+    assert plugin.toolbox == ("aggregation", "server_optimizer", "uplink")
+    assert "privacy" in plugin.toolbox_refusals
+    with pytest.raises(ValidationError, match="momentum: SCAFFOLD's correction needs plain SGD"):
+        plugin.Params(momentum=0.9)
 
 
 def test_load_received_loads_only_the_kinds_it_is_given():
     """SCAFFOLD's inbox: the global model and the control variate c, under the same names."""
-    model = one_weight_model(0.0)
+    model = linear(0.0)
     inbox = [
         Message("server", "client/0", "global_model", {"weight": torch.tensor([[1.0]])}),
         Message("server", "client/0", "control", {"weight": torch.tensor([[7.0]])}),
     ]
     load_received(model, inbox, kinds=("global_model",))
     assert model.weight.item() == 1.0  # c did not overwrite the weights
-    single = one_weight_model(0.0)
+    single = linear(0.0)
     load_received(single, inbox, kinds="global_model")  # one kind may be given as a str
     assert single.weight.item() == 1.0
     load_received(model, inbox)  # the default: every message, in inbox order

@@ -320,7 +320,10 @@ class ParticipantHost:
         what it did not receive this step (uplink.reference_of); else None."""
         if not self.uplink.active or role_of(participant) != "client" or state.model is None:
             return None
-        return {name: t.detach().clone() for name, t in state.model.state_dict().items()}
+        # CPU copies, as messages are: the reference may go into the object store
+        return {
+            name: t.detach().to("cpu", copy=True) for name, t in state.model.state_dict().items()
+        }
 
     def _checkout(self, participant: str, slot: int) -> State:
         if role_of(participant) == "client":
