@@ -12,7 +12,8 @@ Round t, w_t the server's model, S_t the sampled clients (m_t of them), C the cl
 with σ_Δ = σ for fixed clipping. Adaptive clipping also counts b_k = 1[‖Δ_k‖₂ ≤ C] and moves
 C ← C·exp(−η_C·(b̄ − γ)), b̄ = (Σ_k b_k + N(0, σ_b²))/m_t, with σ_Δ = (σ^−2 − (2σ_b)^−2)^−1/2
 so that the pair spends what σ alone would. The mean is uniform (sample weights would raise
-the sensitivity) and its denominator is the configured cohort m_t, whoever answered. The
+the sensitivity) and its denominator is the configured cohort m_t, whoever answered (under
+`sampling: poisson`, its expectation q·N). The
 noise comes from the seeded stream derive_seed(seed, round, server, "privacy"), so inline
 equals Ray and a resume equals the uninterrupted run; a deployment draws from a secure one.
 """
@@ -46,7 +47,7 @@ def private_combine(
     privacy = ctx.toolbox.privacy
     kept = state.extras.setdefault(f"privacy{slot}", {}) if state is not None else {}
     clip = float(kept.get("clip", privacy.clip))
-    cohort = max(1, len(ctx.sampled))
+    cohort = ctx.toolbox.cohort or max(1, len(ctx.sampled))
     sigma = privacy.noise_multiplier
     count_sigma = privacy.count_noise or default_count_sigma(cohort)
     adaptive = privacy.clipping == "adaptive"
@@ -66,7 +67,7 @@ def private_combine(
 
 
 def private_sum_mean(
-    deltas: list[Tensors], clip: float, noise_std: float, cohort: int, generator
+    deltas: list[Tensors], clip: float, noise_std: float, cohort: float, generator
 ) -> tuple[Tensors, list[float]]:
     """(Σ_k clip(Δ_k) + N(0, noise_std²))/cohort, and the norms before clipping: the
     configured cohort m_t divides, whoever answered (privacy.private_mean divides by the

@@ -340,7 +340,17 @@ class ExperimentConfig(Section):
             privacy=self.privacy,
             compression=self.compression,
             attack=self.attack,
+            cohort=self.cohort(),
         )
+
+    def cohort(self) -> float:
+        """m_t: ⌈m·N⌉ clients a round, or q·N expected under Poisson sampling."""
+        from raymtl.algorithms.training import sample_size
+
+        fraction = self.algorithm.typed_params().sample_fraction
+        if self.sampling == "poisson":
+            return fraction * self.data.num_clients
+        return float(sample_size(fraction, self.data.num_clients))
 
     def shape(self) -> str:
         """star | peer | hierarchical | none | groups: the shape the topology gives."""

@@ -215,3 +215,7 @@ class Toolbox(ToolboxSection):
     privacy: PrivacySettings = PrivacySettings()
     compression: CompressionSettings = CompressionSettings()
     attack: AttackSettings = AttackSettings()
+    # m_t as central DP divides by it: the configured cohort ⌈m·N⌉, or under Poisson sampling
+    # its expectation q·N (not the drawn cohort's size, which the data would decide);
+    # 0: the round's sampled clients (a context built by hand)
+    cohort: float = Field(0.0, ge=0)

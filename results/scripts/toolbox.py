@@ -23,8 +23,6 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1]
-# 20 distinct colours: the DP and compression panels hold up to 13 lines
-plt.rcParams["axes.prop_cycle"] = plt.cycler(color=plt.get_cmap("tab20").colors)
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -212,13 +210,16 @@ def dp(runs: dict[str, dict]) -> None:
         )
     )
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    palette = plt.get_cmap("tab20").colors  # up to 13 lines: 20 distinct colours
+    palette = palette[::2] + palette[1::2]
+    colour = {name: palette[i % len(palette)] for i, name in enumerate(runs)}
     for name, arm in runs.items():
         data = evaluated(arm)
         if data["epsilon"].notna().any() and arm["summary"].get("epsilon") not in (None, float("inf")):
             style = "--" if name.startswith("adaptive") else "-"
             marker = "s" if "@" in name else "o"
             left.plot(data["epsilon"], 100 * data["mean_accuracy"], style, marker=marker,
-                      ms=3, label=name)
+                      ms=3, label=name, color=colour[name])
     for name in ("no_dp", "no_dp@dp_amplification"):
         if name in runs:
             left.axhline(acc(runs[name]), color="black" if name == "no_dp" else "grey", ls=":",
@@ -230,7 +231,7 @@ def dp(runs: dict[str, dict]) -> None:
     left.legend(fontsize=6)
     for name, arm in runs.items():
         style = "--" if name.startswith("adaptive") else "-"
-        curve(right, arm, name, ls=style)
+        curve(right, arm, name, ls=style, color=colour[name])
     right.set_xlabel("round")
     right.set_ylabel("mean client accuracy %")
     right.set_title("accuracy by round")

@@ -34,3 +34,16 @@ def test_the_sample_has_that_many_distinct_clients_and_depends_on_seed_and_round
     if expected < 25:
         others = {sample_clients(seed, t, 25, fraction) for seed in (0, 1) for t in (1, 2, 3)}
         assert len(others) > 1
+
+
+def test_poisson_sampling_takes_each_client_with_probability_m():
+    """sampling: poisson — each client independently with probability m: cohorts of varying
+    size (DP's poisson accounting is then exact), seeded by (seed, round)."""
+    from raymtl.runtime.loop.sampling import sample_clients
+
+    cohorts = [sample_clients(0, t, 1000, 0.1, "poisson") for t in range(1, 51)]
+    sizes = [len(c) for c in cohorts]
+    assert len(set(sizes)) > 1  # sizes vary
+    assert sum(sizes) / len(sizes) == pytest.approx(100, rel=0.05)  # E|S_t| = q·N
+    assert cohorts[0] == sample_clients(0, 1, 1000, 0.1, "poisson")  # seeded
+    assert all(list(c) == sorted(set(c)) for c in cohorts)
