@@ -4,8 +4,12 @@ folders of jobs/toolbox/*.yaml.
     python results/scripts/toolbox.py runs/toolbox            # tables to stdout, PNGs to results/
 
 Each comparison folder (runs/toolbox/<name>) holds one folder per arm with rounds.parquet
-(mean_accuracy, cum_bits, cum_bits_up, epsilon per seed and round) and summary.json. A
-comparison not run yet is skipped. Figures: results/toolbox_<name>.png.
+(mean_accuracy, cum_bits, cum_bits_up, epsilon per seed and round), summary.json,
+clients.parquet and, with DP, step_metrics.parquet (the clip bound). Two comparisons have a
+second folder whose arms join the first's, named <arm>@<folder>:
+server_optimizers_large_lr (η 0.3 and 1) and dp_amplification (100 clients, Poisson q 0.2).
+A comparison not run yet is skipped. Figures: results/toolbox_<name>.png. Accuracy is the
+last evaluated round of the first seed (these runs have one).
 """
 
 from __future__ import annotations
@@ -204,8 +208,15 @@ def dp(runs: dict[str, dict]) -> None:
         )
     print(
         table(
-            ["arm", "final accuracy %", "ε (δ 1e-5)", "accounting", "sampling",
-             "last round's C (clipped/updates)", "wall s"],
+            [
+                "arm",
+                "final accuracy %",
+                "ε (δ 1e-5)",
+                "accounting",
+                "sampling",
+                "last round's C (clipped/updates)",
+                "wall s",
+            ],
             rows,
         )
     )
@@ -215,15 +226,29 @@ def dp(runs: dict[str, dict]) -> None:
     colour = {name: palette[i % len(palette)] for i, name in enumerate(runs)}
     for name, arm in runs.items():
         data = evaluated(arm)
-        if data["epsilon"].notna().any() and arm["summary"].get("epsilon") not in (None, float("inf")):
+        if data["epsilon"].notna().any() and arm["summary"].get("epsilon") not in (
+            None,
+            float("inf"),
+        ):
             style = "--" if name.startswith("adaptive") else "-"
             marker = "s" if "@" in name else "o"
-            left.plot(data["epsilon"], 100 * data["mean_accuracy"], style, marker=marker,
-                      ms=3, label=name, color=colour[name])
+            left.plot(
+                data["epsilon"],
+                100 * data["mean_accuracy"],
+                style,
+                marker=marker,
+                ms=3,
+                label=name,
+                color=colour[name],
+            )
     for name in ("no_dp", "no_dp@dp_amplification"):
         if name in runs:
-            left.axhline(acc(runs[name]), color="black" if name == "no_dp" else "grey", ls=":",
-                         label=f"{name} (final)")
+            left.axhline(
+                acc(runs[name]),
+                color="black" if name == "no_dp" else "grey",
+                ls=":",
+                label=f"{name} (final)",
+            )
     left.set_xscale("log")
     left.set_xlabel("ε spent so far (δ = 1e-5, RDP, poisson accounting; log)")
     left.set_ylabel("mean client accuracy %")
@@ -248,18 +273,23 @@ def compression(runs: dict[str, dict]) -> None:
     for name, arm in runs.items():
         up = final(arm, "total_bits_up")
         ratio = f"{final(base, 'total_bits_up') / up:.1f}×" if base else "-"
-        rows.append([name, f"{acc(arm):.1f}", mb(up), ratio, mb(final(arm, "total_bits")),
-                     seconds(arm)])
-    print(table(["arm", "final accuracy %", "uplink MB", "uplink saving", "total MB", "wall s"],
-                rows))
+        rows.append(
+            [name, f"{acc(arm):.1f}", mb(up), ratio, mb(final(arm, "total_bits")), seconds(arm)]
+        )
+    print(
+        table(["arm", "final accuracy %", "uplink MB", "uplink saving", "total MB", "wall s"], rows)
+    )
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, ef in zip(axes, (False, True), strict=True):
         for name, arm in runs.items():
             if name != "fedavg" and name.endswith("-ef") != ef:
                 continue
             data = evaluated(arm)
-            style = {"color": "black", "label": "fedavg (32-bit)"} if name == "fedavg" else {
-                "label": name}
+            style = (
+                {"color": "black", "label": "fedavg (32-bit)"}
+                if name == "fedavg"
+                else {"label": name}
+            )
             ax.plot(data["cum_bits_up"] / 8e6, 100 * data["mean_accuracy"], "-o", ms=3, **style)
         ax.set_xscale("log")
         ax.set_xlabel("uplink MB so far (log)")
@@ -276,20 +306,45 @@ def pooled(arm: dict) -> float:
     """The last evaluated round's accuracy over all test samples pooled (each client weighted
     by its test split), beside the mean over clients."""
     clients = pd.read_parquet(arm["path"] / "clients.parquet")
-    last = clients[(clients["round"] == clients["round"].max())
-                   & (clients["seed"] == clients["seed"].min())]
+    last = clients[
+        (clients["round"] == clients["round"].max()) & (clients["seed"] == clients["seed"].min())
+    ]
     return 100 * (last["accuracy"] * last["test_samples"]).sum() / last["test_samples"].sum()
 
 
 def against(runs: dict[str, dict], name: str, title: str) -> None:
-    rows = [[n, f"{acc(a):.1f}", f"{pooled(a):.1f}", f"{best_acc(a):.1f}",
-             mb(final(a, "total_bits")), seconds(a)] for n, a in runs.items()]
-    print(table(["arm", "final accuracy % (mean over clients)", "pooled test accuracy %",
-                 "best evaluated %", "total MB", "wall s"], rows))
+    rows = [
+        [
+            n,
+            f"{acc(a):.1f}",
+            f"{pooled(a):.1f}",
+            f"{best_acc(a):.1f}",
+            mb(final(a, "total_bits")),
+            seconds(a),
+        ]
+        for n, a in runs.items()
+    ]
+    print(
+        table(
+            [
+                "arm",
+                "final accuracy % (mean over clients)",
+                "pooled test accuracy %",
+                "best evaluated %",
+                "total MB",
+                "wall s",
+            ],
+            rows,
+        )
+    )
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    # colour: the arm's first part (the algorithm); dashes: its second (the variant)
+    families = list(dict.fromkeys(n.split("-")[0] for n in runs))
+    variants = list(dict.fromkeys(n.split("-", 1)[1] for n in runs if "-" in n))
     for arm_name, arm in runs.items():
-        style = "--" if arm_name.endswith("uniform") or arm_name.startswith("fedavg") else "-"
-        curve(ax, arm, arm_name, ls=style)
+        family, _, variant = arm_name.partition("-")
+        dashes = ["-", "--", ":", "-."][variants.index(variant) % 4] if variant else "-"
+        curve(ax, arm, arm_name, ls=dashes, color=f"C{families.index(family)}")
     ax.set_xlabel("round")
     ax.set_ylabel("mean client accuracy %")
     ax.set_title(title)
@@ -306,7 +361,9 @@ def main(root: str) -> None:
         "compression": lambda r, f: compression(r),
         "fednova": lambda r, f: against(r, "fednova", "FedNova against FedAvg"),
         "fedbn": lambda r, f: against(r, "fedbn", "FedBN against FedAvg (rotated groups)"),
-        "weights": lambda r, f: against(r, "weights", "uniform (dashed) vs samples weights"),
+        "weights": lambda r, f: against(
+            r, "weights", "aggregation.weights: samples (solid) vs uniform (dashed)"
+        ),
     }
     extra = {"server_optimizers": "server_optimizers_large_lr", "dp": "dp_amplification"}
     for name, draw in sections.items():
