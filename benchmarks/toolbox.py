@@ -15,7 +15,9 @@ of its rounds. Krum's cost grows as m²·d: it is also measured at 10, 20 and 40
 client every round, `--scaling-max-samples` samples each: the aggregation does not depend on
 them) against the mean at the same m. A last table times the uplink maths alone (attacks,
 client clipping and noise, the compressors with error feedback and their decoding) on
-cnn_mnist-sized updates, since the training's noise hides them in a round's figure.
+cnn_mnist-sized updates, since the training's noise hides them in a round's figure. The
+inline hosts set torch to 1 thread (runtime.num_cpus_per_actor), and so does that table.
+Sample-level DP-SGD (privacy.sample_level) joins the pieces once local training reads it.
 
     .venv/bin/python benchmarks/toolbox.py                  # 3 rounds a run
     .venv/bin/python benchmarks/toolbox.py --record         # append to RESULTS.md
@@ -208,20 +210,21 @@ def krum_scaling(args, out: Path) -> list[dict]:
     return rows
 
 
-def uplink_maths(args, repeats: int = 3) -> dict[str, tuple]:
+def uplink_maths(args, repeats: int = 5) -> dict[str, tuple]:
     """Seconds per round of the uplink's maths alone (raymtl.toolbox's functions, as
     raymtl/runtime/hosts/uplink.py calls them) on `args.clients` cnn_mnist-sized updates, the
-    median of `repeats` rounds: piece -> (the clients' hosts: attack, clip and noise,
-    compression with error feedback; the aggregator's decoding, which its phase holds; the
-    fraction the clients' part is of a round's local training, timed just before it (one
-    epoch of `local_sgd` on 0.8·max_samples random samples per client) so that the shared
-    machine's load of the moment cancels)."""
+    fastest of `repeats` rounds (the shared machine's bursts only ever add): piece -> (the
+    clients' hosts: attack, clip and noise, compression with error feedback; the aggregator's
+    decoding, which its phase holds; for scale, a round's bare local training timed just
+    before it: one epoch of `local_sgd` on 0.8·max_samples random samples per client, without
+    the hosts' bookkeeping)."""
     from raymtl.extend import LocalTrainingParams, local_sgd
     from raymtl.toolbox.attacks import attack_update
     from raymtl.toolbox.compression import compress, decode
     from raymtl.toolbox.privacy import clip_update, gaussian_noise_like
     from raymtl.toolbox.settings import UplinkCodec
 
+    torch.set_num_threads(1)  # what every host runs with (runtime.num_cpus_per_actor: 1)
     clients = args.clients
     model = build_model("cnn_mnist", (1, 28, 28), 10)
     generator = torch.Generator().manual_seed(0)
@@ -242,12 +245,17 @@ def uplink_maths(args, repeats: int = 3) -> dict[str, tuple]:
             began = time.perf_counter()
             one_round()
             seconds.append(time.perf_counter() - began)
-        return statistics.median(seconds)
+        return min(seconds)
+
+    initial = {n: t.clone() for n, t in model.state_dict().items()}
 
     def training() -> float:
-        """A round's local training: 4 clients' epochs, times clients / 4."""
+        """A round's local training: 4 clients' epochs from the same model (as a round's
+        clients start from the global one; random data diverges if trained on), times
+        clients / 4."""
         began = time.perf_counter()
         for k in range(4):
+            model.load_state_dict(initial)
             local_sgd(model, train_x, train_y, params, seed=k)
         return (time.perf_counter() - began) * clients / 4
 
@@ -255,7 +263,7 @@ def uplink_maths(args, repeats: int = 3) -> dict[str, tuple]:
         reference = training()
         client = timed(client_round)
         server = timed(decode_round) if decode_round is not None else 0.0
-        return client, server, client / reference
+        return client, server, reference
 
     def codec(settings: UplinkCodec) -> tuple[float, float, float]:
         residuals: list = [None] * clients
@@ -303,16 +311,15 @@ def machine() -> tuple[str, str]:
 
 def table(baselines, measured, maths: dict, sample_level_skipped: bool) -> str:
     """The pieces against the baselines either side; "estimate" is the added aggregation
-    phase plus the clients' uplink maths alone (`uplink_maths`, as its fraction of a round's
-    training times the baselines' median training seconds), against the baselines' median
-    round: what the noise of the training leaves of a piece's cost."""
+    phase plus the clients' uplink maths alone (`uplink_maths`), against the baselines'
+    median round: what the noise of the training leaves of a piece's cost (DP-SGD, whose
+    cost is the training itself and far above the noise: the whole round's)."""
     totals = [b["total"] for b in baselines]
-    train = statistics.median(b["train"] for b in baselines)
     aggregates = [b["aggregate"] for b in baselines]
     reference = statistics.median(totals)
     lines = [
         "| piece | s/round | baseline either side, s/round | added s/round | % over baseline "
-        "| aggregate phase s | added to the aggregate phase s | clients' uplink maths, scaled s "
+        "| aggregate phase s | added to the aggregate phase s | clients' uplink maths s "
         "| estimate: added s/round (% of baseline) | outside the phases s |",
         "|---|---|---|---|---|---|---|---|---|---|",
         f"| baseline (FedAvg, mean by samples) ×{len(baselines)} | "
@@ -325,8 +332,10 @@ def table(baselines, measured, maths: dict, sample_level_skipped: bool) -> str:
             lines.append(f"| {result['name']} | **failed**: `{result['error']}` |" + " |" * 8)
             continue
         c = compared(baselines, result)
-        client = maths.get(result["name"], (0.0, 0.0, 0.0))[2] * train
+        client = maths.get(result["name"], (0.0, 0.0, 0.0))[0]
         estimate = c["aggregate_added"] + client
+        if result["name"] == SAMPLE_LEVEL[0]:  # its cost is the training itself
+            estimate = c["added"]
         lines.append(
             f"| {result['name']} | {result['total']:.2f} | {c['baseline']:.2f} | "
             f"{c['added']:+.2f} | {c['percent']:+.1f} % | {result['aggregate']:.3f} | "
@@ -362,12 +371,12 @@ def scaling_table(rows: list[dict], d: int) -> str:
 def maths_table(maths: dict) -> str:
     lines = [
         "| uplink piece | clients' hosts, s per round | aggregator's decoding, s per round "
-        "| clients' part / a round's local training |",
+        "| a round's bare local training just before, s |",
         "|---|---|---|---|",
     ]
     lines += [
-        f"| {name} | {client:.3f} | {server:.3f} | {100 * share:.1f} % |"
-        for name, (client, server, share) in maths.items()
+        f"| {name} | {client:.3f} | {server:.3f} | {reference:.2f} |"
+        for name, (client, server, reference) in maths.items()
     ]
     return "\n".join(lines) + "\n"
 
@@ -437,7 +446,7 @@ def record(args, text: str, took: float) -> None:
     section = (
         f"\n## The toolbox's cost per round (`benchmarks/toolbox.py`)\n\n"
         f"Machine: {model} ({simd}), {torch.get_num_threads()} torch threads, CPU only, "
-        f"{platform.python_version()}, torch {torch.__version__}. Date {date.today()}. "
+        f"Python {platform.python_version()}, torch {torch.__version__}. Date {date.today()}. "
         f"Command: `.venv/bin/python {command}` ({took / 60:.0f} min).\n\n{text}"
     )
     RESULTS.write_text(RESULTS.read_text().rstrip("\n") + "\n" + section)
