@@ -263,7 +263,9 @@ class Algorithm:
                       tensors, and runs steps on a shared working model. Without "model", a
                       step starts from the model's initial weights (load what the inbox
                       brings) and the client is evaluated over its round's evaluation_only
-                      message.
+                      message. An instance may set its own (FedAvg with `local_layers` keeps
+                      the model); the host reads the instance's, and adds "extras" where the
+                      toolbox keeps client state (error-feedback residuals, DP-SGD steps).
       memory_knobs    for an algorithm whose `persistent_bytes` can refuse a run: the
                       settings that shrink the state, quoted in the refusal.
       toolbox         which of the experiment's toolbox sections (docs/ALGORITHMS.md §9) its
