@@ -3,8 +3,9 @@
 
     data: {name: arrays, params: {path: my_data.npz}}
         x (N, H, W) | (N, C, H, W) | (N, H, W, C) with C 1 or 3 | (N, D) vectors (1x1xD);
-        uint8 pixels (scale 255) or floats used as they are; y (N,) class labels of any kind
-        (ids, numbers, strings: classes are their sorted distinct values). x_test and y_test,
+        uint8 pixels (scale 255) or finite floats used as they are; y (N,) class labels of
+        any discrete kind (ids, strings, whole-number floats: classes are their sorted
+        distinct values; fractional floats, NaN and inf are refused). x_test and y_test,
         when the file has them, are the official test split.
     data: {name: image_folder, params: {path: my_images, size: 32, grey: false}}
         path/<class>/*.png|jpg|... (torchvision's ImageFolder layout; classes are the sorted
@@ -50,6 +51,36 @@ def _images(x: np.ndarray, field: str) -> np.ndarray:
     raise ValueError(f"data.params.path: {field} has shape {x.shape}; expected {expected}")
 
 
+def check_finite(x: np.ndarray, field: str, file: Path) -> None:
+    """Features are finite numbers: a NaN or inf would make its client's every update
+    non-finite, left out of every round without a word."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return
+    finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise ValueError(
+            f"data.params.path: {field} of '{file}' holds NaN or inf in {len(bad)} of "
+            f"{len(x)} samples (the first: sample {bad[0]}); features must be finite numbers"
+        )
+
+
+def check_class_labels(y: np.ndarray, field: str) -> None:
+    """Labels of a classification are discrete (ints, strings, or floats holding whole
+    numbers): float values such as 0.5 would each become a class of their own (a regression
+    target read as N classes)."""
+    if not np.issubdtype(y.dtype, np.floating):
+        return
+    fractional = ~np.isfinite(y) | (y != np.round(y))
+    if fractional.any():
+        shown = ", ".join(f"{value:g}" for value in np.unique(y[fractional])[:3])
+        raise ValueError(
+            f"data.params.path: {field} holds {int(fractional.sum())} labels that are not "
+            f"class ids ({shown}, ...): a classification needs discrete labels (ints or "
+            "strings; floats only when they are whole numbers)"
+        )
+
+
 def _pool(splits: list[tuple[np.ndarray, np.ndarray]], source: str) -> Pool:
     """One Pool of the splits (train first), classes the sorted distinct labels of all."""
     labels = np.concatenate([y for _, y in splits])
@@ -86,6 +117,8 @@ def load_arrays(root: str | None = None, download: bool = False, path: str | Non
         x, y = _images(arrays[x_key], x_key), arrays[y_key].reshape(-1)
         if len(x) != len(y) or len(x) == 0:
             raise ValueError(f"data.params.path: {x_key} has {len(x)} samples, {y_key} {len(y)}")
+        check_finite(x, x_key, file)
+        check_class_labels(y, y_key)
         splits.append((x, y))
     if len(splits) > 1 and splits[0][0].shape[1:] != splits[1][0].shape[1:]:
         raise ValueError("data.params.path: x and x_test samples differ in shape")

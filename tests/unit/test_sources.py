@@ -174,6 +174,12 @@ def test_arrays_from_an_npz_file(tmp_path):
     assert pool.source == str(tmp_path / "mine.npz")
 
 
+def test_whole_number_float_labels_are_classes(tmp_path):
+    np.savez(tmp_path / "floats.npz", x=np.zeros((4, 2)), y=np.array([1.0, 0.0, 1.0, 3.0]))
+    pool = load_pool("arrays", path=str(tmp_path / "floats.npz"))
+    assert pool.class_names == ("0.0", "1.0", "3.0") and pool.y.tolist() == [1, 0, 1, 2]
+
+
 def test_arrays_of_float_vectors_without_a_test_split(tmp_path):
     x = np.linspace(-1, 1, 40, dtype=np.float64).reshape(10, 4)
     np.savez(tmp_path / "vectors.npz", x=x, y=np.arange(10) % 2 + 7)
@@ -190,6 +196,19 @@ def test_arrays_of_float_vectors_without_a_test_split(tmp_path):
         ({"x": np.zeros((4, 3, 3))}, "has no array 'x' / 'y'"),
         ({"x": np.zeros((4, 3, 3)), "y": np.zeros(3)}, "x has 4 samples, y 3"),
         ({"x": np.zeros((4, 2, 3, 3, 3)), "y": np.zeros(4)}, "x has shape (4, 2, 3, 3, 3)"),
+        (
+            {"x": np.array([[0.0, 1.0], [np.nan, 2.0], [3.0, np.inf]]), "y": np.arange(3)},
+            "holds NaN or inf in 2 of 3 samples (the first: sample 1)",
+        ),
+        (
+            {"x": np.zeros((3, 2)), "y": np.array([0.5, 1.5, 2.0])},
+            "y holds 2 labels that are not class ids (0.5, 1.5, ...)",
+        ),
+        (
+            {"x": np.zeros((3, 2)), "y": np.zeros(3), "x_test": np.zeros((1, 2))}
+            | {"y_test": np.array([np.nan])},
+            "y_test holds 1 labels that are not class ids (nan, ...)",
+        ),
     ],
 )
 def test_bad_arrays_are_one_line(tmp_path, arrays, problem):
