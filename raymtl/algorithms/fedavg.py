@@ -130,10 +130,17 @@ class FedAvg(Algorithm):
     def aggregate(self, state, inbox, ctx):
         samples = ctx.federation.samples
         updates = [(m.tensors, samples[index_of(m.src)]) for m in by_sender(inbox)]
-        weights = self.shared(state.model)  # w_t: what the sampled clients started from
-        average = combine(updates, ctx, state, reference=weights)
+        return self.take(state, updates, ctx)
+
+    def take(self, state: State, updates: list, ctx, reference: dict | None = None):
+        """Combine `updates` [(w_k, weight)] into the server's model — the experiment's rule
+        and central DP (`combine`), its server optimiser (`server_update`), then `merge` —
+        and send every client its evaluation copy. `reference`: w_t, when the caller has it."""
+        if reference is None:
+            reference = self.shared(state.model)  # w_t: what the sampled clients started from
+        average = combine(updates, ctx, state, reference=reference)
         if average is not None:  # None: every update was non-finite (w stays)
-            self.merge(state, server_update(state, weights, average, ctx))
+            self.merge(state, server_update(state, reference, average, ctx))
         global_model = self.shared(state.model)
         everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
         return state, [

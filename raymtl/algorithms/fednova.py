@@ -45,14 +45,13 @@ from fractions import Fraction
 import torch
 from pydantic import Field, model_validator
 
-from raymtl.algorithms.aggregate import by_sender, combine, is_finite, server_update
+from raymtl.algorithms.aggregate import by_sender, is_finite
 from raymtl.algorithms.base import (
     SERVER,
     FederationInfo,
     Message,
     State,
     StepContext,
-    client_name,
     index_of,
 )
 from raymtl.algorithms.fedavg import FedAvg
@@ -215,11 +214,4 @@ class FedNova(FedAvg):
             clients.append((model, value, 1.0 if uniform else samples[index_of(src)]))
         reference = self.shared(state.model)  # w_t: what the sampled clients started from
         normalised, _ = normalised_models(reference, clients)
-        combined = combine(normalised, ctx, state, reference=reference)
-        if combined is not None:  # None: nothing usable (w stays)
-            self.merge(state, server_update(state, reference, combined, ctx))
-        global_model = self.shared(state.model)
-        everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
-        return state, [
-            Message(SERVER, client_name(i), "global_model", global_model, True) for i in everyone
-        ]
+        return self.take(state, normalised, ctx, reference)  # FedAvg's: combine, step, merge

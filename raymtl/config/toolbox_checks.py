@@ -102,33 +102,23 @@ def check_privacy(cfg, toolbox: Toolbox, cohort: int) -> None:
         from raymtl.toolbox.privacy import default_count_sigma, sigma_delta
 
         sigma_delta(privacy.noise_multiplier, privacy.count_noise or default_count_sigma(cohort))
-    from raymtl.toolbox.privacy import default_delta
-
-    delta = privacy.delta if privacy.delta is not None else default_delta(population)
+    delta = privacy_delta(cfg)
     if delta >= 1 / population:
         raise ValueError(
             f"privacy.delta: {delta:g} is not below 1/N = {1 / population:g} (N = {population})"
         )
     if privacy.target_epsilon is None:
         return
-    spent = run_epsilon(cfg, toolbox, cohort, cfg.rounds)
+    spent = spent_epsilon(cfg, cfg.rounds)
     if spent > privacy.target_epsilon:
         from raymtl.toolbox.accounting import rounds_within
 
-        sigma = accounted_sigma(toolbox, cohort)
-        most = (
-            rounds_within(
-                privacy.target_epsilon,
-                sigma,
-                cohort,
-                population,
-                delta,
-                privacy.accounting,
-                cfg.rounds,
+        most = 0  # local noise: each round a client takes part in is a release of its own
+        if privacy.noise != "local":
+            sigma, accounting = privacy.noise_multiplier, privacy.accounting
+            most = rounds_within(
+                privacy.target_epsilon, sigma, cohort, population, delta, accounting, cfg.rounds
             )
-            if privacy.noise != "local"
-            else 0
-        )
         fits = f"run at most {most} rounds" if most else "even one round spends more"
         raise ValueError(
             f"privacy.target_epsilon: {cfg.rounds} rounds would spend ε = {spent:.3g} at "
@@ -137,21 +127,24 @@ def check_privacy(cfg, toolbox: Toolbox, cohort: int) -> None:
         )
 
 
-def accounted_sigma(toolbox: Toolbox, cohort: int) -> float:
-    """The noise multiplier the accountant sees: σ (with adaptive clipping σ_Δ and the count's
-    2σ_b together spend exactly what σ alone would, §9.3)."""
-    return toolbox.privacy.noise_multiplier
-
-
-def run_epsilon(cfg, toolbox: Toolbox, cohort: int, rounds: int) -> float:
-    """ε at δ after `rounds` rounds (central: the sampled Gaussian; local: a client's
-    releases, at most one a round, with no amplification)."""
-    from raymtl.toolbox.accounting import central_epsilon, local_epsilon
+def privacy_delta(cfg) -> float:
+    """δ of the reported ε: privacy.delta, else min(1e-5, N^−1.1)."""
     from raymtl.toolbox.privacy import default_delta
 
-    privacy, population = toolbox.privacy, cfg.data.num_clients
-    delta = privacy.delta if privacy.delta is not None else default_delta(population)
-    sigma = accounted_sigma(toolbox, cohort)
+    given = cfg.privacy.delta
+    return given if given is not None else default_delta(cfg.data.num_clients)
+
+
+def spent_epsilon(cfg, rounds: int, releases: int | None = None) -> float:
+    """ε at δ (`privacy_delta`) after `rounds` rounds. Central noise: the sampled Gaussian
+    with noise multiplier σ over the configured cohort (with adaptive clipping, σ_Δ and the
+    count's 2σ_b together spend exactly what σ alone would, §9.3). Local noise: a client's
+    `releases` Gaussian releases (default: one a round), without amplification."""
+    from raymtl.toolbox.accounting import central_epsilon, local_epsilon
+
+    privacy, population = cfg.privacy, cfg.data.num_clients
+    sigma, delta = privacy.noise_multiplier, privacy_delta(cfg)
     if privacy.noise == "local":
-        return local_epsilon(sigma, rounds, delta)
+        return local_epsilon(sigma, rounds if releases is None else releases, delta)
+    cohort = sample_size(cfg.algorithm.typed_params().sample_fraction, population)
     return central_epsilon(sigma, cohort, population, rounds, delta, privacy.accounting)

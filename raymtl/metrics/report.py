@@ -138,21 +138,25 @@ def privacy_summary(config: dict, summary: dict) -> dict | None:
     epsilons = [row["epsilon"] for row in summary["per_seed"] if "epsilon" in row]
     if privacy.get("clip") is None or not epsilons:
         return None
-    from raymtl.toolbox.accounting import accounting_name
+    from raymtl.toolbox.accounting import LOCAL_ACCOUNTING, accounting_name
     from raymtl.toolbox.privacy import default_delta
 
     population = (config.get("data") or {}).get("num_clients", 1)
-    delta = privacy.get("delta") or default_delta(population)
-    local = privacy.get("noise") == "local"
-    accounting = "local" if local else privacy.get("accounting", "poisson")
     sampling = config.get("sampling", "uniform")
-    note = "exact" if sampling == "poisson" or local else "approximation for fixed-size cohorts"
+    if privacy.get("noise") == "local":  # each client's own releases: nothing sampled
+        accounting, note = LOCAL_ACCOUNTING, ""
+    else:
+        accounting = accounting_name(privacy.get("accounting", "poisson"))
+        note = ""
+        if privacy.get("accounting", "poisson") == "poisson":
+            poisson = sampling == "poisson"
+            note = "exact" if poisson else "approximation for fixed-size cohorts"
     return {
         "epsilon": max(epsilons),
-        "delta": delta,
-        "accounting": accounting_name(accounting) if not local else "rdp/local(replace-one)",
+        "delta": privacy.get("delta") or default_delta(population),
+        "accounting": accounting,
         "sampling": sampling,
-        "note": note if accounting == "poisson" else "",
+        "note": note,
         "noise": privacy.get("noise", "server"),
         "clipping": privacy.get("clipping", "fixed"),
     }

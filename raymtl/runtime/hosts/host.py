@@ -112,10 +112,8 @@ class ParticipantHost:
         self.toolbox = self.config.toolbox()
         self.malicious = malicious_clients(self.config, spec)
         self.uplink = Uplink(self.toolbox, self.algorithm.uplink_kinds, self.malicious)
-        self.data = HostData(self.config, spec, self.algorithm.uses_public, self.pool)
-        self.data.flip_labels_of = (
-            self.malicious if self.toolbox.attack.kind == "label_flip" else ()
-        )
+        flipped = self.malicious if self.toolbox.attack.kind == "label_flip" else frozenset()
+        self.data = HostData(self.config, spec, self.algorithm.uses_public, self.pool, flipped)
         keeps = self.algorithm.keeps
         # e_k and a client's DP-SGD history are kept client state
         kept_by_toolbox = self.uplink.keeps_residual or self.toolbox.privacy.sample_level
@@ -316,9 +314,11 @@ class ParticipantHost:
         ctx.report(sample_epsilon=epsilon, sample_steps=int(sum(history.values())))
 
     def _before(self, participant: str, state: State) -> dict | None:
-        """A client's model before its step, where its uplink is transformed and it may send
-        what it did not receive this step (uplink.reference_of); else None."""
-        if not self.uplink.active or role_of(participant) != "client" or state.model is None:
+        """A client's kept model before its step, where its uplink is transformed and it may
+        send what it did not receive this step (uplink.reference_of); else None. A client
+        that keeps no model starts from what its inbox brings: nothing to copy."""
+        kept = "model" in self.clients.keeps and state.model is not None
+        if not (self.uplink.active and kept and role_of(participant) == "client"):
             return None
         # CPU copies, as messages are: the reference may go into the object store
         return {

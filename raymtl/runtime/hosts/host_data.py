@@ -94,13 +94,13 @@ class HostModels:
 class HostData:
     """Builds a hosted client's data from its shard, and the public set once per host."""
 
-    def __init__(self, config, spec, uses_public: bool, pool_of):
+    def __init__(self, config, spec, uses_public: bool, pool_of, flip_labels_of=frozenset()):
         self.config, self.spec, self.uses_public = config, spec, uses_public
         self.pool_of = pool_of  # source name -> Pool (object store, or the process cache)
         self._public: torch.Tensor | None = None
         self._pools: dict[str, Pool] = {}
         # Clients whose training labels a label-flip attack turns (attack.kind: label_flip)
-        self.flip_labels_of: frozenset[int] | tuple = ()
+        self.flip_labels_of: frozenset[int] = flip_labels_of
 
     def load(self, source: str) -> Pool:
         from raymtl.data import load_pool

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from raymtl.algorithms.training import sample_size
 from raymtl.config import ExperimentConfig
+from raymtl.config.toolbox_checks import spent_epsilon
 from raymtl.runtime.loop.sampling import sample_clients
 
 
@@ -29,25 +29,12 @@ class PrivacyLedger:
         self._taken: Counter = Counter()  # local DP: releases per client so far
         self._counted = 0  # rounds counted into _taken
 
-    @property
-    def delta(self) -> float:
-        from raymtl.toolbox.privacy import default_delta
-
-        given = self.privacy.delta
-        return given if given is not None else default_delta(self.population)
-
     def epsilon(self, round_index: int) -> float:
         if not self.privacy.client_level:
             return math.nan
-        from raymtl.toolbox.accounting import central_epsilon, local_epsilon
-
-        sigma = self.privacy.noise_multiplier
-        if self.privacy.noise == "local":
-            return local_epsilon(sigma, self.most_releases(round_index), self.delta)
-        cohort = sample_size(self.fraction, self.population)
-        return central_epsilon(
-            sigma, cohort, self.population, round_index, self.delta, self.privacy.accounting
-        )
+        local = self.privacy.noise == "local"
+        releases = self.most_releases(round_index) if local else None
+        return spent_epsilon(self.cfg, round_index, releases)
 
     def most_releases(self, round_index: int) -> int:
         """The most rounds any client took part in, up to `round_index` (a resumed run counts
