@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[dev,mlflow]"
+	$(PY) -m pip install -q -e ".[dev,mlflow,hf]"
 	touch $@
 
 install: $(VENV)/.installed

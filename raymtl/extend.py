@@ -5,7 +5,8 @@ or a path to a .py file), that registers what the experiment then names:
 
     algorithm.name          @register_algorithm on an Algorithm subclass (its Params typed)
     model.name              @register_model on a FedModel subclass
-    data.name               @register_dataset(name) on fn(root, download, **params) -> Pool
+    data.name               @register_dataset(name[, keyed=True]) on fn(root, download, **params)
+                            -> Pool (keys=ClientKeys(...) or generated=Generated(...): by client)
     data.partition.kind     @register_partition(name) on fn(class_counts, num_clients, rng)
     topology.kind           @register_topology(name) on fn(num_nodes, seed, *, params)
     data.tasks[].targets    @register_target(name, loss, metrics) on fn(pool) -> Targets
@@ -53,6 +54,7 @@ from raymtl.algorithms.training import (
     train_local_model,
 )
 from raymtl.data import ClientData, Pool, register_dataset, register_partition
+from raymtl.data.source_registry import ClientKeys, Generated
 from raymtl.flops import add_flops
 from raymtl.graph import register_topology
 from raymtl.models import FedModel, register_model
@@ -64,8 +66,10 @@ __all__ = [
     "SERVER",
     "Algorithm",
     "ClientData",
+    "ClientKeys",
     "FedAvg",
     "FedModel",
+    "Generated",
     "FederationInfo",
     "LocalRun",
     "LocalTrainingParams",

@@ -283,6 +283,8 @@ class Algorithm:
                       e.g. {"privacy": "its control variates travel un-noised"}.
       uplink_kinds    the kinds of the messages a client sends up that carry a whole model
                       or part of it (names as the model's state_dict), for "uplink".
+      inputs          the kinds of samples its steps make sense on (Pool.inputs: "images",
+                      "vectors", "tokens"), with `input_refusal` saying why not the others.
     """
 
     name: ClassVar[str]
@@ -300,6 +302,8 @@ class Algorithm:
     combines_otherwise: ClassVar[str] = ""
     toolbox_refusals: ClassVar[dict[str, str]] = {}
     uplink_kinds: ClassVar[tuple[str, ...]] = ("model",)
+    inputs: ClassVar[tuple[str, ...]] = ("images", "vectors", "tokens")
+    input_refusal: ClassVar[str] = ""
 
     def __init__(self, params: Params, model_factory: ModelFactory | None):
         self.params = params

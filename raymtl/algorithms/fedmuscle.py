@@ -76,6 +76,8 @@ class RepresentationAlignment(Algorithm):
     task_support = "different"
     model_support = "different"
     uses_public = True
+    inputs = ("images", "vectors")
+    input_refusal = "it aligns representations of a public set of images or feature vectors"
 
     def phases(self, round_index, rounds):
         steps = [Phase("client", "train", "sampled", trains=True)]

@@ -89,6 +89,8 @@ class OneShotHFL(CommonLayers, Algorithm):
     summary = "One-shot data-similarity clustering of users into LPSs, then hierarchical FedAvg"
     Params = OneShotHFLParams
     shapes = ("hierarchical",)
+    inputs = ("images", "vectors")
+    input_refusal = "its clustering compares the users' features Φ(x); token ids are no features"
     uses_graph = True
     task_support = "different"
 

@@ -18,6 +18,7 @@ from raymtl.api.catalogue_cache import Section, table
 from raymtl.config.data import PartitionConfig
 from raymtl.data import PARTITIONS, SOURCES
 from raymtl.data.source_registry import COMMON_ARGS as SOURCE_ARGS
+from raymtl.data.source_registry import is_keyed
 from raymtl.graph import STRUCTURED_KINDS, TOPOLOGIES
 from raymtl.models import MODELS, build_model, num_params
 from raymtl.plugins import plugin_of
@@ -122,7 +123,11 @@ def algorithm_rows() -> list[tuple[str, str, str]]:
 
 def source_rows() -> list[tuple[str, str, str]]:
     return [
-        (name, marked(first_line(fn.__doc__), fn), signature_text(fn, SOURCE_ARGS))
+        (
+            name,
+            marked(first_line(fn.__doc__) + (" [by client]" if is_keyed(name) else ""), fn),
+            signature_text(fn, SOURCE_ARGS),
+        )
         for name, fn in SOURCES.items()
     ]
 

@@ -27,7 +27,9 @@ from raymtl.api.running import run
 from raymtl.config import ConfigError, ExperimentConfig, parse_config
 from raymtl.metrics import plot_comparison, results_table
 from raymtl.metrics.delta import delta_table, local_reference, record_deltas
+from raymtl.metrics.divergence import diverged_cell
 from raymtl.metrics.report import RESULTS_DROP_ORDER, fit_table
+from raymtl.metrics.statistics import without_nan
 from raymtl.metrics.tasks import task_table
 from raymtl.paths import make_directory
 
@@ -108,6 +110,7 @@ def tabulate(configs: list[ExperimentConfig], runs: dict[str, Results], out: Pat
             name: replace(results, summary={**results.summary, "delta_vs_local": deltas[name]})
             for name, results in runs.items()
         }
+    summaries = without_nan(summaries)  # null, not a bare NaN (JSON has none)
     (out / "summary.json").write_text(json.dumps(summaries, indent=2))
     table = final_table(summaries)
     table.to_csv(out / "table.csv", index=False)
@@ -228,9 +231,12 @@ def final_table(summaries: list[dict]) -> pd.DataFrame:
     """One row per experiment: each final figure's mean and std over seeds, the peak memory
     of the run's processes (bytes, mean over seeds) and, with `metrics.target`, the share of
     seeds that reached it and the rounds, bits and FLOPs they needed (NaN: no seed reached
-    it). The FLOPs are `total_flops_mean`/`_std` (raymtl/flops.py)."""
+    it). The FLOPs are `total_flops_mean`/`_std` (raymtl/flops.py). Where a seed's loss
+    turned NaN, `diverged` names the seeds and rounds ('seed 0 from round 3'; empty for an
+    experiment without any)."""
     rows = []
     with_target = any("target" in summary for summary in summaries)
+    diverged = any(summary.get("diverged") for summary in summaries)
     for summary in summaries:
         row = {"experiment": summary["algorithm"]}
         for key, value in summary["final"].items():
@@ -239,6 +245,8 @@ def final_table(summaries: list[dict]) -> pd.DataFrame:
         row["peak_memory_bytes"] = peak_memory["total_bytes"]["mean"] if peak_memory else NAN
         if with_target:
             row.update(target_columns(summary.get("target")))
+        if diverged:
+            row["diverged"] = diverged_cell(summary)
         rows.append(row)
     return pd.DataFrame(rows)
 

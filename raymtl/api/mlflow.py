@@ -162,7 +162,7 @@ class MLflowCallback(Callback):
             metrics = [
                 Metric(f"final.{name}", figure["mean"], stamp, 0)
                 for name, figure in final.items()
-                if math.isfinite(figure["mean"])
+                if figure["mean"] is not None and math.isfinite(figure["mean"])
             ]
             self.client.log_batch(self.parent_id, metrics=metrics)
         for item in sorted(run_dir.iterdir()):

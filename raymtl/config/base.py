@@ -80,6 +80,8 @@ def first_error(
         allowed = section_keys(model, parents) if model is not None else []
         message = "unknown key" + did_you_mean(key, allowed)
     message = message.splitlines()[0] if message else message
+    if location and message.startswith(f"{location}."):  # a rule naming the whole path
+        return message
     if location and FIELD_PREFIX.match(message):  # a section's rule names its own field
         return f"{location}.{message}"
     return f"{location}: {message}" if location else message

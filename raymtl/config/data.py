@@ -132,13 +132,34 @@ class DataConfig(Section):
     name: str = "digits"
     root: str | None = None
     download: bool = False
-    num_clients: int = Field(20, ge=1)
+    num_clients: int = Field(
+        20, ge=1, description="keyed sources: default all the data's clients (natural)"
+    )
     partition: PartitionConfig = PartitionConfig()
     params: dict[str, Any] = Field(default_factory=dict, description="source parameters")
     tasks: list[TaskConfig] = Field(
         default_factory=list, description="the clients' tasks; empty = classify the labels"
     )
     public: PublicConfig | None = Field(None, description="public unlabelled data (FedMuscle)")
+
+    @model_validator(mode="after")
+    def _keyed_data_decides(self) -> DataConfig:
+        """Data already split by client: its clients are the federation's (partition
+        `natural`) unless the file says otherwise, and all of them unless num_clients is
+        given (counted by loading the source: a missing file is refused here)."""
+        from raymtl.data.source_registry import is_keyed, load_pool
+
+        if not is_keyed(self.name):
+            return self
+        if "kind" not in self.partition.model_fields_set:
+            self.partition = self.partition.model_copy(update={"kind": "natural"})
+            self.partition.model_fields_set.add("kind")
+        if "num_clients" in self.model_fields_set or not PARTITIONS[self.partition.kind].keyed:
+            return self
+        pool = load_pool(self.name, self.root, self.download, 0, None, **self.params)
+        self.num_clients = pool.num_keyed_clients
+        self.model_fields_set.add("num_clients")
+        return self
 
     @model_validator(mode="after")
     def _tasks_cover_the_clients(self) -> DataConfig:

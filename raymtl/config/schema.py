@@ -390,7 +390,8 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
         raise ConfigError(f"experiment file: '{path}' is empty (it holds no settings)")
     if not isinstance(raw, dict):
         raise ConfigError(f"experiment file: '{path}' must hold a mapping")
-    for assignment in overrides:
+    resolve_data_path(raw, path.resolve().parent)
+    for assignment in overrides:  # a path given on the command line stays the shell's
         apply_override(raw, assignment)
     entries = raw.get("plugins")
     entries = [entries] if isinstance(entries, str) else entries
@@ -401,6 +402,21 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
         # from there now, so validation finds it and hosts are told the folder.
         load_plugins([e for e in raw["plugins"] if isinstance(e, str)], [str(folder)])
     return raw
+
+
+def resolve_data_path(raw: dict, folder: Path) -> None:
+    """A relative `data.params.path` of an experiment file is the file's neighbour, as its
+    plugins are (under `data.root` instead when the file sets one): the experiment runs the
+    same from any folder, and a missing file is named by the path raymtl tried."""
+    arms = raw.get("arms")
+    for section in [raw, *(arms.values() if isinstance(arms, dict) else ())]:
+        data = section.get("data") if isinstance(section, dict) else None
+        params = data.get("params") if isinstance(data, dict) else None
+        if not isinstance(params, dict) or data.get("root"):
+            continue
+        given = params.get("path")
+        if isinstance(given, str) and given and not Path(given).expanduser().is_absolute():
+            params["path"] = str(folder / given)
 
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:

@@ -110,6 +110,17 @@ def materialize(
     return ClientData(train_x, train_y, test_x, test_y, num_classes, input_shape, task)
 
 
+def materialize_generated(
+    pool: Pool, shard: ClientShard, seed: int, task: TaskSpec | None = None, input_shape=None
+) -> ClientData:
+    """A generated client's tensors: its samples made here (`pool.generated`), then cut into
+    its train and test indices (local to the client), rotated and masked like any shard's."""
+    key = shard.client_id if shard.key is None else shard.key
+    x, y = pool.generated.generate(key)
+    local = Pool(x, y, pool.num_classes, pool.class_names, 1.0, pool.source)
+    return materialize(local, shard, seed, task, input_shape)
+
+
 def materialize_many(
     pool: Pool, shards: list[ClientShard], seed: int, task: TaskSpec | None = None, input_shape=None
 ) -> list[ClientData]:
@@ -122,6 +133,8 @@ def materialize_many(
     Masked shards draw each sample's mask from the client's own generator in order: they
     are materialised one by one.
     """
+    if pool.generated is not None:  # made here, client by client, from (seed, client)
+        return [materialize_generated(pool, shard, seed, task, input_shape) for shard in shards]
     datas: dict[int, ClientData] = {}
     kinds: dict[tuple, list[int]] = {}
     for position, shard in enumerate(shards):

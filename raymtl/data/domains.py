@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from raymtl.data.partition_registry import get_partition
 from raymtl.data.partitions import ClientShard, partition_clients
 from raymtl.data.source_registry import Pool
 
@@ -92,13 +93,23 @@ def partition_sources(
 
 def source_shards(pool: Pool, clients: list[int], seed: int, data_cfg, held_out) -> list:
     """Partition `pool` (minus the held-out samples) among `clients`."""
+    options = data_cfg.partition.model_dump()
+    spec = get_partition(options["kind"])
+    if spec.keyed:  # the clients the data holds (natural.py)
+        shards = spec.build(pool, len(clients), seed=seed, held_out=held_out, **options)
+        return [dataclasses.replace(s, client_id=clients[s.client_id]) for s in shards]
+    if pool.generated is not None:
+        raise ValueError(
+            f"data.partition.kind: '{options['kind']}' splits a pool on the driver, but "
+            f"source '{data_cfg.name}' generates each client's samples on its host: use natural"
+        )
     keep = np.setdiff1d(np.arange(len(pool.y)), np.asarray(held_out, dtype=np.int64))
     shards = partition_clients(
         pool.y.numpy()[keep],
         pool.num_classes,
         num_clients=len(clients),
         seed=seed,
-        **data_cfg.partition.model_dump(),
+        **options,
     )
     return [
         dataclasses.replace(

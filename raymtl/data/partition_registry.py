@@ -17,6 +17,8 @@ task_classes), else `data.partition.params`.
 
 `shards=True`: the function builds the clients' shards itself, `fn(labels, num_classes,
 **options) -> list[ClientShard]` with every option of `partition_clients`.
+`keyed=True`: the kind reads the clients the data itself holds, `fn(pool, num_clients,
+**options) -> list[ClientShard]` (natural.py).
 `assigns_tasks=True`: the kind gives each client a task (the config then maps `data.tasks`
 onto them). `holds_every_class=True`: each client must hold a sample of every class its
 affinity marks, else the partition is refused.
@@ -24,6 +26,7 @@ affinity marks, else the partition is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +47,7 @@ class PartitionSpec:
     shards: bool = False
     assigns_tasks: bool = False
     holds_every_class: bool = False
+    keyed: bool = False
 
 
 REQUIRED = inspect.Parameter.empty
@@ -51,7 +55,12 @@ PARTITIONS: Registry[PartitionSpec] = Registry("data.partition.kind", lambda spe
 
 
 def register_partition(
-    name: str, *, shards: bool = False, assigns_tasks: bool = False, holds_every_class=False
+    name: str,
+    *,
+    shards: bool = False,
+    assigns_tasks: bool = False,
+    holds_every_class=False,
+    keyed: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator: register a partition kind under `name` (see the module docstring).
 
@@ -59,8 +68,8 @@ def register_partition(
     """
 
     def decorator(build: Callable) -> Callable:
-        spec = partition_spec(name, build, shards, assigns_tasks, holds_every_class)
-        PARTITIONS.add(name, spec)
+        spec = partition_spec(name, build, shards or keyed, assigns_tasks, holds_every_class)
+        PARTITIONS.add(name, dataclasses.replace(spec, keyed=keyed))
         return build
 
     return decorator

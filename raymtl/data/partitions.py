@@ -243,6 +243,8 @@ def partition_clients(
 ) -> list[ClientShard]:
     """Split a pool's labels into per-client train/test shards; deterministic in `seed`."""
     spec = get_partition(kind)
+    if spec.keyed:
+        raise fail("kind", f"{kind!r} reads the clients a keyed source holds, not labels alone")
     options = {
         "num_clients": num_clients,
         "kind": kind,

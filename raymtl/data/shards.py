@@ -31,6 +31,7 @@ class ClientShard:
     task: int  # task id (0 when no task groups)
     task_classes: tuple[int, ...] | None  # original class ids of the task; None = no relabel
     source: str | None = None  # the dataset the indices point into; None = data.name
+    key: int | None = None  # natural: the data's own client (a generated pool's client to make)
 
 
 def fail(field: str, problem: str) -> ValueError:

@@ -18,7 +18,7 @@ import pandas as pd
 from rich.table import Table
 
 from raymtl.metrics.recorder import Recorder
-from raymtl.metrics.statistics import mean_and_std
+from raymtl.metrics.statistics import mean_and_std, without_nan
 from raymtl.metrics.tasks import HIGHER_IS_BETTER, primary_metric
 
 FINAL_COLUMNS = ["seed", "client", "task_name", "metric", "value"]
@@ -139,14 +139,14 @@ def record_deltas(runs: dict[str, Path], reference: str, out: Path) -> dict[str,
     for arm, run_dir in runs.items():
         path = Path(run_dir) / "summary.json"
         summary = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps({**summary, SUMMARY_KEY: deltas[arm]}, indent=2))
+        path.write_text(json.dumps(without_nan({**summary, SUMMARY_KEY: deltas[arm]}), indent=2))
     clients_table(deltas).to_csv(Path(out) / "table_clients.csv", index=False)
     return deltas
 
 
 def format_gain(stat: dict[str, float]) -> str:
     """'+mean±std' of a gain in %."""
-    if math.isnan(stat["mean"]):
+    if stat["mean"] is None or math.isnan(stat["mean"]):
         return "-"
     return f"{stat['mean']:+.1f}±{stat['std']:.1f}"
 

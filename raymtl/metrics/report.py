@@ -20,9 +20,10 @@ from raymtl.metrics.costs import (
     peak_memory_summary,
     target_summary,
 )
+from raymtl.metrics.divergence import diverged_seeds, divergence_note, first_non_finite_round
 from raymtl.metrics.plots import plot_run
 from raymtl.metrics.recorder import Recorder
-from raymtl.metrics.statistics import evaluated_rounds, mean_and_std
+from raymtl.metrics.statistics import evaluated_rounds, is_number, mean_and_std, without_nan
 from raymtl.metrics.tables import report_extra_tables
 from raymtl.metrics.tasks import has_tasks, task_summary, task_table
 
@@ -61,7 +62,9 @@ UNBOUNDED = 100_000  # a width that measures a table's cells as they are, unwrap
 def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
     """Final metrics of one seed: accuracies at the last evaluated round, cost at the last round.
 
-    Returns None when the seed has no evaluated round yet.
+    Returns None when the seed has no evaluated round yet. A seed whose loss turned NaN or
+    ±inf says from which round (`diverged_from`); when its last evaluated loss is not a
+    number its accuracies are None (divergence.py), its cost figures are as for any seed.
     """
     evaluated = evaluated_rounds(seed_rounds)
     if evaluated.empty:
@@ -69,7 +72,13 @@ def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
     final_eval = evaluated.loc[evaluated["round"].idxmax()]
     last_row = seed_rounds.loc[seed_rounds["round"].idxmax()]
     summary = {"seed": int(seed), "round": int(final_eval["round"])}
-    summary.update({metric: float(final_eval[metric]) for metric in ACCURACY_METRICS})
+    usable = is_number(float(final_eval["mean_loss"]))
+    summary.update(
+        {metric: float(final_eval[metric]) if usable else None for metric in ACCURACY_METRICS}
+    )
+    diverged_from = first_non_finite_round(seed_rounds)
+    if diverged_from is not None:
+        summary["diverged_from"] = diverged_from
     summary.update({key: float(last_row[column]) for key, column in COST_METRICS.items()})
     flops = last_row.get("cum_flops")  # raymtl/flops.py; absent from runs recorded before it
     if flops is not None and not math.isnan(flops):
@@ -88,10 +97,12 @@ def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
 def summarize(run_dir: Path, algorithm: str, config: dict | None = None) -> dict:
     """Summarize a run's final round per seed and across seeds; also writes summary.json.
 
-    Seeds without any evaluated round are left out. Across-seed std is population std.
-    `config`: the run's configuration as a mapping (default: its config.yaml); its
-    `metrics.target` adds the cost of reaching the target (`target`), and hosts.parquet the
-    peak memory of the run's processes (`peak_memory`).
+    Seeds without any evaluated round are left out. Across-seed std is population std, over
+    the seeds whose figure is a number. `diverged` lists the seeds whose loss turned NaN or
+    ±inf (divergence.py; empty when none did). `config`: the run's configuration as a
+    mapping (default: its config.yaml); its `metrics.target` adds the cost of reaching the
+    target (`target`), and hosts.parquet the peak memory of the run's processes
+    (`peak_memory`). NaN figures are written (and returned) as None: JSON's null.
     """
     run_dir = Path(run_dir)
     config = run_config(run_dir) if config is None else config
@@ -102,9 +113,11 @@ def summarize(run_dir: Path, algorithm: str, config: dict | None = None) -> dict
         seed_result = seed_summary(int(seed), seed_rounds)
         if seed_result is not None:
             per_seed.append(seed_result)
+    clients = recorder.clients()
     summary = {
         "algorithm": algorithm,
         "seeds": [row["seed"] for row in per_seed],
+        "diverged": diverged_seeds(rounds, clients, recorder.table("warnings")),
         "final": {
             metric: mean_and_std([row[metric] for row in per_seed])
             for metric in SUMMARY_METRICS
@@ -123,10 +136,10 @@ def summarize(run_dir: Path, algorithm: str, config: dict | None = None) -> dict
     privacy = privacy_summary(config, summary)
     if privacy is not None:
         summary["epsilon"], summary["privacy"] = privacy["epsilon"], privacy
-    clients = recorder.clients()
     if has_tasks(clients):
         summary["tasks"] = task_summary(clients)
     report_extra_tables(run_dir, summary)  # algorithm tables add their own figures
+    summary = without_nan(summary)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -169,9 +182,14 @@ def format_epsilon(epsilon: float | None) -> str:
     return "∞" if math.isinf(epsilon) else f"{epsilon:.3g}"
 
 
-def format_bits(bits: float) -> str:
+def missing(value: float | None) -> bool:
+    """A figure summary.json has not: None (JSON's null) or NaN."""
+    return value is None or math.isnan(value)
+
+
+def format_bits(bits: float | None) -> str:
     """Human-readable bit count with decimal prefixes, e.g. 12300000 -> '12.3 Mb'."""
-    if math.isnan(bits):
+    if missing(bits):
         return "-"
     unit_index = 0
     while abs(bits) >= 1000 and unit_index < len(BIT_UNITS) - 1:
@@ -182,16 +200,16 @@ def format_bits(bits: float) -> str:
     return f"{bits:.1f} {BIT_UNITS[unit_index]}"
 
 
-def format_percent(stat: dict[str, float]) -> str:
+def format_percent(stat: dict[str, float | None]) -> str:
     """'mean ± std' of a [0, 1] quantity, shown in percent."""
-    if math.isnan(stat["mean"]):
+    if missing(stat["mean"]):
         return "-"
     return f"{100 * stat['mean']:.1f}±{100 * stat['std']:.1f}"
 
 
-def format_seconds(seconds: float) -> str:
+def format_seconds(seconds: float | None) -> str:
     """Wall time as seconds, or minutes and seconds beyond a minute."""
-    if math.isnan(seconds):
+    if missing(seconds):
         return "-"
     if seconds < 60:
         return f"{seconds:.1f} s"
@@ -227,7 +245,7 @@ def format_bits_to_target(target: dict | None) -> str:
 
 def format_tflops(flops: float | None) -> str:
     """FLOPs in TFLOPs with three significant digits ('-' when unknown): 2.5e12 -> '2.50'."""
-    if flops is None or math.isnan(flops):
+    if missing(flops):
         return "-"
     return f"{flops / 1e12:.3g}"
 
@@ -242,19 +260,30 @@ def format_flops_to_target(target: dict | None) -> str:
 
 
 def target_caption(summaries: list[dict]) -> str | None:
-    """'target: mean_accuracy >= 0.8' (one line per distinct target), or None."""
+    """'target: mean_accuracy >= 0.8' (one line per distinct target), then the seeds that
+    diverged (`divergence_note`), or None."""
     targets = {(s["target"]["metric"], s["target"]["target"]) for s in summaries if "target" in s}
     lines = [
         f"target: {metric} {'<=' if metric in LOWER_IS_BETTER else '>='} {value:g}"
         for metric, value in sorted(targets)
     ]
-    return "\n".join(lines) or None
+    note = divergence_note(summaries)
+    return "\n".join([*lines, *([note] if note else [])]) or None
+
+
+def format_accuracy(summary: dict) -> str:
+    """The Acc % cell: 'mean ± std'; 'diverged' where no seed has an accuracy because their
+    losses turned NaN (the caption says which seeds, from which round)."""
+    stat = summary["final"]["mean_accuracy"]
+    if missing(stat["mean"]) and summary.get("diverged"):
+        return "diverged"
+    return format_percent(stat)
 
 
 def results_table(summaries: list[dict], title: str) -> Table:
     """One row per algorithm: accuracies (%, mean ± std over seeds), total bits, wall time,
     the peak memory of the run's processes, TFLOPs and, with `metrics.target`, the rounds,
-    bits and TFLOPs to reach the target."""
+    bits and TFLOPs to reach the target. Seeds whose losses turned NaN are named under it."""
     table = Table(title=title, title_justify="left", caption=target_caption(summaries))
     table.add_column("Experiment", style="bold", no_wrap=True)
     for header in ("Seeds", "Acc %", "Worst10 %", "Worst20 %", "Std %"):
@@ -292,7 +321,7 @@ def results_table(summaries: list[dict], title: str) -> Table:
         table.add_row(
             summary["algorithm"],
             str(len(summary["seeds"])),
-            format_percent(final["mean_accuracy"]),
+            format_accuracy(summary),
             format_percent(final["worst10_accuracy"]),
             format_percent(final["worst20_accuracy"]),
             format_percent(final["std_accuracy"]),

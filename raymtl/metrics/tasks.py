@@ -127,6 +127,8 @@ def format_figure(final: dict, metric: str) -> str:
     """'mean±std' of one of a task's figures; blank where the task does not report it."""
     if metric not in final:
         return ""
+    if final[metric]["mean"] is None:  # JSON's null: no seed has the figure
+        return "-"
     return f"{final[metric]['mean']:.3g}±{final[metric]['std']:.1g}"
 
 

@@ -3,7 +3,7 @@
 Importing this package registers every built-in model in ``MODELS``.
 """
 
-from raymtl.models import cnn, resnet, sheaf_cnns  # noqa: F401  (imports register the models)
+from raymtl.models import cnn, resnet, sheaf_cnns, text  # noqa: F401  (imports register them)
 from raymtl.models.registry import (
     MODELS,
     FedModel,

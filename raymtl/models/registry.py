@@ -45,6 +45,8 @@ class FedModel(nn.Module):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     params: ClassVar[dict[str, object]] = {}
+    # The kinds of samples it reads (Pool.inputs): token ids are not pixels or features.
+    inputs: ClassVar[tuple[str, ...]] = ("images", "vectors")
 
     def __init__(self, backbone: nn.Module, head: nn.Module, feature_dim: int) -> None:
         super().__init__()

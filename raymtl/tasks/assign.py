@@ -58,8 +58,9 @@ def assign_tasks(cfg, pools: dict, shards) -> tuple[list, list[TaskSpec]]:
     """
     declared, by_partition = cfg.data.tasks, partition_tasks(shards)
     pool = pools[cfg.data.source_of(0 if declared else None)]
-    if not declared:
-        name = "label" if len(by_partition) == 1 else "task{}"
+    if not declared:  # the pool's classes; a text's next character (LEAF Shakespeare)
+        single = "next_character" if pool.inputs == "tokens" else "label"
+        name = single if len(by_partition) == 1 else "task{}"
         specs = [
             label_task(name.format(t), target_outputs(pool, "label", classes), classes)
             for t, classes in sorted(by_partition.items())

@@ -97,12 +97,19 @@ def test_the_python_api_runs_and_loads_results(tmp_path):
 
 
 def test_rejected_non_finite_updates_reach_the_console_and_a_table(tmp_path, caplog):
-    run_dir = raymtl.run(write(tmp_path), overrides=["algorithm.params.lr=1e12"]).run_dir
-    warnings = pd.read_parquet(run_dir / "warnings.parquet")
+    """Every update rejected, both rounds: each in warnings.parquet; on the console one line
+    for the seed (not one a round, nor the step's own line besides); the summary names the
+    seed and the round its training diverged from."""
+    results = raymtl.run(write(tmp_path), overrides=["algorithm.params.lr=1e12"])
+    warnings = pd.read_parquet(results.run_dir / "warnings.parquet")
     assert set(warnings["participant"]) == {"server"} and len(warnings) == 2 * 6
     assert warnings["message"].str.contains("non-finite update").all()
     driver = [r.getMessage() for r in caplog.records if r.name == "raymtl.runtime.loop.round_loop"]
-    assert any("round 2, server: rejected a non-finite update" in line for line in driver)
+    (line,) = [line for line in driver if "non-finite" in line]
+    assert "seed 0 round 1, server: rejected a non-finite update (not aggregated) (x6;" in line
+    assert not [r for r in caplog.records if r.name.startswith("raymtl.algorithms")]
+    (entry,) = results.summary["diverged"]
+    assert (entry["seed"], entry["round"], entry["updates_rejected"]) == (0, 1, 12)
 
 
 def test_bf16_mixed_precision_trains_like_fp32_and_is_recorded(tmp_path):

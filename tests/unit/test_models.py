@@ -12,12 +12,21 @@ NUM_CLASSES = 10
 # ResNet-18 at 28x28 adds nothing the other two shapes don't cover and is the slowest case;
 # the official Sheaf-FMTL CNN (two unpadded 3x3 convs) needs at least 10x10.
 TOO_SMALL = {("resnet18", (1, 28, 28)), ("cnn_sheaf", (1, 8, 8))}
+# A model of token ids reads (1, 1, L) windows of ids, not images.
+TOKEN_SHAPE = (1, 1, 80)
 CASES = [
     (name, shape)
     for name in sorted(MODELS)
-    for shape in INPUT_SHAPES
+    for shape in (INPUT_SHAPES if "images" in MODELS[name].inputs else [TOKEN_SHAPE])
     if (name, shape) not in TOO_SMALL
 ]
+
+
+def batch_for(name: str, input_shape: tuple[int, int, int]) -> torch.Tensor:
+    """Two samples of what model `name` reads: random pixels, or random token ids."""
+    if "images" in MODELS[name].inputs:
+        return torch.randn(2, *input_shape)
+    return torch.randint(0, 10, (2, *input_shape)).float()
 
 
 @pytest.mark.parametrize(
@@ -27,7 +36,7 @@ CASES = [
 )
 def test_output_and_feature_shapes(name: str, input_shape: tuple[int, int, int]) -> None:
     model = build_model(name, input_shape, NUM_CLASSES)
-    batch = torch.randn(2, *input_shape)
+    batch = batch_for(name, input_shape)
     assert isinstance(model, FedModel)
     assert model(batch).shape == (2, NUM_CLASSES)
     assert model.features(batch).shape == (2, model.feature_dim)

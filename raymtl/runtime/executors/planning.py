@@ -45,7 +45,8 @@ def partition(cfg: ExperimentConfig, seed: int):
 
     def load(name):  # data.params are the main dataset's; other domains load with defaults
         params = data.params if name == data.name else {}
-        return load_pool(name, data.root, data.download, seed, **params)
+        count = data.num_clients if name == data.name else None
+        return load_pool(name, data.root, data.download, seed, count, **params)
 
     try:
         pools, shards, public = partition_sources(data, seed, load)
@@ -53,7 +54,33 @@ def partition(cfg: ExperimentConfig, seed: int):
     except ValueError as error:  # bad partition for this dataset: a config error
         raise ConfigError(str(error).splitlines()[0]) from None
     check_task_support(cfg, specs)
+    check_inputs(cfg, pools[cfg.data.name])
     return pools, shards, specs, public
+
+
+def check_inputs(cfg: ExperimentConfig, pool) -> None:
+    """Samples of a kind (images, feature vectors, token ids) the algorithm, the models or
+    the partition's transforms do not read are refused in one line."""
+    from raymtl.models import MODELS
+
+    kind, algorithm = pool.inputs, get_algorithm(cfg.algorithm.name)
+    where = f"data.name: '{cfg.data.name}' gives {kind}"
+    if kind not in algorithm.inputs:
+        reason = f": {algorithm.input_refusal}" if algorithm.input_refusal else ""
+        raise ConfigError(
+            f"algorithm.name: {cfg.algorithm.name} runs on {'/'.join(algorithm.inputs)}, "
+            f"not {kind} ({where}){reason}"
+        )
+    for name in {cfg.model.name, *cfg.model.names()}:
+        model = MODELS.lookup(name)
+        if kind not in model.inputs:
+            raise ConfigError(
+                f"model.name: '{name}' reads {'/'.join(model.inputs)}, not {kind} ({where})"
+            )
+    partition = cfg.data.partition
+    if kind == "tokens" and (partition.rotations or partition.mask_probs):
+        field = "rotations" if partition.rotations else "mask_probs"
+        raise ConfigError(f"data.partition.{field}: rotates or masks images, not tokens ({where})")
 
 
 def check_federation(cfg: ExperimentConfig) -> None:

@@ -107,9 +107,11 @@ class HostData:
 
         if source not in self._pools:  # load_pool checks its parameters on every call
             data_cfg = self.config.data
-            params = data_cfg.params if source == data_cfg.name else {}
+            main = source == data_cfg.name
+            params = data_cfg.params if main else {}
+            count = data_cfg.num_clients if main else None
             self._pools[source] = load_pool(
-                source, data_cfg.root, data_cfg.download, self.spec.seed, **params
+                source, data_cfg.root, data_cfg.download, self.spec.seed, count, **params
             )
         return self._pools[source]
 

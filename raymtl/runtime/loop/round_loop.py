@@ -75,6 +75,7 @@ class RoundLoop:
         self.cfg, self.algorithm, self.recorder = cfg, algorithm, recorder
         self.executor, self.federation, self.seed = executor, federation, seed
         self.privacy = PrivacyLedger(cfg, seed)
+        self.printed: set[str] = set()  # the steps' warnings already on the console
 
     def record_attackers(self) -> None:
         """attackers.parquet: the seed's malicious clients (attack.fraction, §9.5), drawn as
@@ -161,20 +162,36 @@ class RoundLoop:
                 self.add_rows(table, round_index, [row])
             self.add_rows("warnings", round_index, result.warnings)
             warned.update((w["participant"], w["message"]) for w in result.warnings)
-        for (participant, message), count in sorted(warned.items()):  # on the console too
-            log.warning(
-                "seed %d round %d, %s: %s (x%d)",
-                self.seed,
-                round_index,
-                participant,
-                message,
-                count,
-            )
+        self.print_warnings(round_index, warned)
         held = executor.hold_for_evaluation(router.take_evaluation())
         self.record_lost(round_index, held.lost)
         if router.undelivered():
             raise RuntimeError(f"round {round_index}: messages left undelivered")
         return router, holders, seconds, flops
+
+    def print_warnings(self, round_index: int, warned: Counter) -> None:
+        """The steps' warnings on the console: one line per message, the first round it
+        comes in, with who gave it and how often; the seed's later rounds only add rows to
+        warnings.parquet (a diverged run would repeat it every round)."""
+        by_message: dict[str, Counter] = {}
+        for (participant, message), count in warned.items():
+            by_message.setdefault(message, Counter())[participant] += count
+        for message, counts in sorted(by_message.items()):
+            if message in self.printed:
+                continue
+            self.printed.add(message)
+            who = sorted(counts)
+            shown = ", ".join(who[:3]) + (f" and {len(who) - 3} more" if len(who) > 3 else "")
+            log.warning(
+                "%s seed %d round %d, %s: %s (x%d; this seed's later ones only in "
+                "warnings.parquet)",
+                self.cfg.name,
+                self.seed,
+                round_index,
+                shown,
+                message,
+                sum(counts.values()),
+            )
 
     def participants(self, phase, sampled, router) -> list[str]:
         """The participants that run `phase`, among the hosts' survivors."""
