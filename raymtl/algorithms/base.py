@@ -40,6 +40,12 @@ def leader_name(group: int) -> str:
     return f"leader/{group}"
 
 
+# The destination of a message to every client: an evaluation copy sent once, whatever N
+# (`Message(SERVER, EVERY_CLIENT, kind, tensors, evaluation_only=True)`); a later copy to one
+# client replaces it for that client.
+EVERY_CLIENT = "client/*"
+
+
 def role_of(participant: str) -> str:
     """'client/3' -> 'client'; 'server' -> 'server'."""
     return participant.split("/", 1)[0]
@@ -60,7 +66,9 @@ class Message:
     kind: str
     tensors: dict[str, torch.Tensor]
     # A copy sent only so that a client that did not take part this round is evaluated with
-    # the model it would receive: delivered, but not traffic (never counted in the bits).
+    # the model it would receive: delivered, but not traffic (never counted in the bits);
+    # to every client at once with dst EVERY_CLIENT. The hosts get it in rounds whose
+    # evaluation is due only (the latest copy per client waits until then).
     evaluation_only: bool = False
 
 

@@ -9,7 +9,7 @@ Round t, with S_t the sampled clients (⌈m·N⌉ of N):
     server:          w ← Σ_{i∈S_t} n_i·w_i / Σ_{i∈S_t} n_i
 (the experiment's `aggregation`, `server_optimizer` and central `privacy` replace this mean:
 aggregate.combine and aggregate.server_update, docs/ALGORITHMS.md §9)
-Every client is evaluated with the new w (an evaluation_only copy: not traffic).
+Every client is evaluated with the new w (one evaluation_only copy to EVERY_CLIENT: not traffic).
 Bits per round: downlink |S_t|·|w|·32, uplink |S_t|·|w|·32. A client keeps nothing between
 rounds (`keeps = ()`): the model it trains arrives with the round, so a host holds no model
 per client, whatever N.
@@ -29,6 +29,7 @@ import logging
 
 from raymtl.algorithms.aggregate import by_sender, combine, server_update
 from raymtl.algorithms.base import (
+    EVERY_CLIENT,
     SERVER,
     Algorithm,
     Message,
@@ -141,11 +142,8 @@ class FedAvg(Algorithm):
         average = combine(updates, ctx, state, reference=reference)
         if average is not None:  # None: every update was non-finite (w stays)
             self.merge(state, server_update(state, reference, average, ctx))
-        global_model = self.shared(state.model)
-        everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
-        return state, [
-            Message(SERVER, client_name(i), "global_model", global_model, True) for i in everyone
-        ]
+        global_model = self.shared(state.model)  # every client's evaluation copy, sent once
+        return state, [Message(SERVER, EVERY_CLIENT, "global_model", global_model, True)]
 
     def merge(self, state: State, average: dict) -> None:
         """How the server takes the clients' sample-weighted average into its `state`

@@ -32,7 +32,14 @@ from pydantic import Field
 from torch import nn
 
 from raymtl.algorithms.aggregate import by_sender, combine, server_update
-from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message, client_name, index_of
+from raymtl.algorithms.base import (
+    EVERY_CLIENT,
+    SERVER,
+    LocalTrainingParams,
+    Message,
+    client_name,
+    index_of,
+)
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.registry import register
 from raymtl.algorithms.training import derive_seed, load_received, local_sgd, model_tensors
@@ -140,6 +147,5 @@ class FedRep(FedAvg):
         if average is not None:  # None: every update was non-finite (φ stays)
             # FedAvg's hook: loads the named (body) entries
             self.merge(state, server_update(state, body, average, ctx))
-        body = model_tensors(state.model, [BODY])
-        everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
-        return state, [Message(SERVER, client_name(i), "body", body, True) for i in everyone]
+        body = model_tensors(state.model, [BODY])  # every client's evaluation copy, sent once
+        return state, [Message(SERVER, EVERY_CLIENT, "body", body, True)]

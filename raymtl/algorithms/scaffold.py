@@ -43,6 +43,7 @@ from torch import nn
 
 from raymtl.algorithms.aggregate import by_sender, combine, is_finite, server_update
 from raymtl.algorithms.base import (
+    EVERY_CLIENT,
     SERVER,
     Algorithm,
     FederationInfo,
@@ -253,6 +254,5 @@ class Scaffold(Algorithm):
             load_tensors(state.model, server_update(state, x, stepped, ctx))
             deltas, used = [dc for _, dc, _ in usable], [w for _, _, w in usable]
             state.extras["control"] = server_control(control, deltas, sum(weights), used)
-        x = model_tensors(state.model)
-        everyone = range(ctx.federation.num_clients)  # evaluation_only: not traffic
-        return state, [Message(SERVER, client_name(i), "global_model", x, True) for i in everyone]
+        x = model_tensors(state.model)  # every client's evaluation copy, sent once
+        return state, [Message(SERVER, EVERY_CLIENT, "global_model", x, True)]

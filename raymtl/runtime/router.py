@@ -38,6 +38,7 @@ class Router:
         self.ledger: list[dict] = []
         self._row_of: dict[int, dict] = {}  # id(envelope) -> its ledger row
         self._taken: dict[str, list[Envelope]] = {}  # what the last `take` handed over
+        self._order: dict[int, int] = {}  # id(evaluation copy) -> when it was delivered
 
     def deliver(
         self, seed: int, round_index: int, envelopes: list[Envelope], lost: set[str] = frozenset()
@@ -51,6 +52,7 @@ class Router:
                 continue
             self._pending[envelope.dst].append(envelope)
             if envelope.evaluation_only:
+                self._order[id(envelope)] = len(self._order)
                 continue
             self._row_of[id(envelope)] = row = {
                 "seed": seed,
@@ -83,14 +85,15 @@ class Router:
         return self._taken
 
     def take_evaluation(self) -> list[Envelope]:
-        """The round's evaluation copies: the last one each client was sent."""
-        last = {}
+        """The round's evaluation copies in the order they were sent (a copy to EVERY_CLIENT
+        is replaced, for one client, by a later copy to it, and replaces the earlier ones)."""
+        copies = []
         for dst, queue in list(self._pending.items()):
-            held = [e for e in queue if e.evaluation_only]
-            if held:
-                last[dst] = held[-1]
-                self._pending[dst] = [e for e in queue if not e.evaluation_only]
-        return list(last.values())
+            copies += [e for e in queue if e.evaluation_only]
+            self._pending[dst] = [e for e in queue if not e.evaluation_only]
+            if not self._pending[dst]:
+                del self._pending[dst]
+        return sorted(copies, key=lambda envelope: self._order[id(envelope)])
 
     def retract(self, participants: set[str]) -> None:
         """The last `take`'s envelopes for `participants` were never processed (their host was

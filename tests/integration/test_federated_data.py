@@ -238,3 +238,37 @@ def test_token_data_is_refused_by_image_models_and_transforms(tmp_path):
     raw["data"]["partition"] = {"rotations": [0, 90]}
     with pytest.raises(ConfigError, match="data.partition.rotations: rotates or masks images"):
         run_experiment(parse_config(raw), tmp_path / "b")
+
+
+def test_a_hugging_face_dataset_runs_by_its_writers(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    rows = 240
+    dataset = datasets.Dataset.from_dict(
+        {
+            **{f"p{j}": bunch.data[:rows, j].tolist() for j in range(64)},
+            "label": bunch.target[:rows].tolist(),
+            "writer": [f"w{i % 5}" for i in range(rows)],
+        }
+    )
+    dataset.save_to_disk(str(tmp_path / "digits_hf"))
+    raw = digits_experiment(tmp_path / "runs", rounds=1)
+    raw["data"] = {
+        "name": "hf",
+        "params": {
+            "path": str(tmp_path / "digits_hf"),
+            "partitioner": {"name": "natural", "partition_by": "writer"},
+        },
+    }
+    raw["model"] = {"name": "mlp"}
+    cfg = parse_config(raw)
+    assert cfg.data.num_clients == 5  # the writers
+    frame = clients_of(run_experiment(cfg, tmp_path / "run"))
+    assert sorted(frame["client"].unique()) == [0, 1, 2, 3, 4]
+    assert (
+        frame.groupby("client")["samples"].first() + frame.groupby("client")["test_samples"].first()
+    ).tolist() == [48] * 5

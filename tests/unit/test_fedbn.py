@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from raymtl.algorithms import get_algorithm
-from raymtl.algorithms.base import SERVER, FederationInfo, StepContext
+from raymtl.algorithms.base import EVERY_CLIENT, SERVER, FederationInfo, StepContext
 from raymtl.algorithms.ditto import DittoParams
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.fedbn import FedBN, FedBNParams
@@ -95,10 +95,11 @@ def test_no_message_carries_a_batch_norm_tensor_and_clients_keep_their_own():
     assert not torch.allclose(means[0], means[1])  # each client's statistics are its own
     # Evaluated with the new shared layers over its own batch norm: the last round's
     # evaluation copy loaded into the client's model leaves its BN tensors as they were.
-    evaluation = [m for m in messages if m.evaluation_only][-3:]
-    for k, state in enumerate(states):
+    (evaluation, *_) = [m for m in messages if m.evaluation_only][-1:]
+    assert evaluation.dst == EVERY_CLIENT  # one copy for every client
+    for state in states:
         before = {name: t.clone() for name, t in state.model.state_dict().items()}
-        load_received(state.model, [m for m in evaluation if m.dst == f"client/{k}"])
+        load_received(state.model, [evaluation])
         after = state.model.state_dict()
         for name, value in model_tensors(server.model).items():
             expected = before[name] if name in BN else value

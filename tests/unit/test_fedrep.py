@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from raymtl.algorithms.base import FederationInfo, Message, State, StepContext
+from raymtl.algorithms.base import EVERY_CLIENT, FederationInfo, Message, State, StepContext
 from raymtl.algorithms.fedrep import FedRep, FedRepParams, fedrep_train
 from raymtl.models import build_model
 from raymtl.tasks.spec import TaskSpec
@@ -85,7 +85,7 @@ def test_server_averages_the_bodies_by_samples_and_sends_the_body_to_all_for_eva
     server, outbox = algorithm.aggregate(server, inbox, ctx("server", samples=(1, 3, 2)))
     # φ = (1·1 + 3·4) / (1 + 3) = 3.25; the server's head is no part of it
     assert weight(server.model, "backbone") == 3.25 and weight(server.model, "head") == 7.0
-    assert [m.dst for m in outbox] == ["client/0", "client/1", "client/2"]
+    assert [m.dst for m in outbox] == [EVERY_CLIENT]  # one copy, every client's
     assert all(m.evaluation_only and list(m.tensors) == ["backbone.weight"] for m in outbox)
     assert {float(m.tensors["backbone.weight"]) for m in outbox} == {3.25}
 

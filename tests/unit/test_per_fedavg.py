@@ -150,7 +150,8 @@ def test_round_bits_and_sample_weighted_average():
     server, copies = algorithm.aggregate(server, models, ctx("server"))
     # (1·2 + 3·4) / 4 = 3.5; evaluation copies to every client are not traffic
     assert torch.equal(server.model.weight.detach(), torch.full((2, 1), 3.5))
-    assert len(copies) == 2 and all(m.evaluation_only for m in copies)
+    (copy,) = copies  # every client's evaluation copy, sent once
+    assert copy.evaluation_only and copy.dst == "client/*"
 
 
 def test_evaluation_adapts_a_copy_with_one_step_on_the_support_batch():

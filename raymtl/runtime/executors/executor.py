@@ -12,7 +12,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 
-from raymtl.algorithms.base import Phase, role_of
+from raymtl.algorithms.base import EVERY_CLIENT, Phase, role_of
 from raymtl.config import ConfigError, RuntimeConfig
 from raymtl.graph.mixing import mixing_from_topology
 from raymtl.runtime.hosts.host import HostSpec, ParticipantHost
@@ -135,20 +135,26 @@ class Executor(ABC):
 
     def hold_for_evaluation(self, envelopes: list[Envelope]) -> Answer:
         """Hand each client host the evaluation copies for its clients: every distinct
-        payload once per host, however many of its clients share it."""
+        payload once per host, however many of its clients share it; a copy to EVERY_CLIENT
+        goes to every client host as one payload (the clients' own copies over it)."""
+        host_of = {p: name for name, members in self.members.items() for p in members}
+        every = [e for e in envelopes if e.dst == EVERY_CLIENT]
+        mine: dict[str, list[Envelope]] = {name: [] for name in self.client_hosts()}
+        for envelope in envelopes:
+            if envelope.dst != EVERY_CLIENT and envelope.dst in host_of:
+                mine.setdefault(host_of[envelope.dst], []).append(envelope)
         calls = {}
-        for name, participants in self.members.items():
-            members = set(participants)
-            mine = [e for e in envelopes if e.dst in members]
-            if not mine:
+        for name, own in mine.items():
+            if not own and not every:
                 continue
             distinct: dict[int, int] = {}
             payloads = []
-            for envelope in mine:
+            for envelope in every + own:
                 if id(envelope.payload) not in distinct:
                     distinct[id(envelope.payload)] = len(payloads)
                     payloads.append(envelope.payload)
-            calls[name] = (payloads, {e.dst: distinct[id(e.payload)] for e in mine})
+            default = distinct[id(every[-1].payload)] if every else None
+            calls[name] = (payloads, {e.dst: distinct[id(e.payload)] for e in own}, default)
         return Answer(None, self._call("hold_for_evaluation", calls).lost)
 
     def state_report(self) -> Answer:

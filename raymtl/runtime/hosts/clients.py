@@ -40,6 +40,7 @@ class HostedClients:
         self.store = ClientStates(budget, spill_root)
         self.working = WorkingModels()
         self.evaluation: dict[str, dict[str, torch.Tensor]] = {}  # the model to evaluate with
+        self.every_client: dict[str, torch.Tensor] | None = None  # a copy to every client
 
     def client_data(self, participant: str):
         if participant not in self.data:
@@ -88,12 +89,20 @@ class HostedClients:
             model = self.working.weights(key, state.model)
         return {"model": model, "extras": state.extras if "extras" in self.keeps else {}}
 
-    def hold_for_evaluation(self, payloads: dict[str, dict]) -> None:
-        """The round's evaluation_only messages: the model each client is evaluated with."""
+    def hold_for_evaluation(self, payloads: dict[str, dict], every: dict | None = None) -> None:
+        """The evaluation_only messages: the model each client is evaluated with; `every`,
+        a copy sent to every client (it replaces the copies held before, and the clients'
+        own `payloads` are laid over it)."""
+        if every is not None:
+            self.evaluation, self.every_client = {}, every
         self.evaluation.update(payloads)
 
+    def evaluation_copy(self, participant: str) -> dict | None:
+        """The evaluation copy the client holds: its own, else the one to every client."""
+        return self.evaluation.get(participant, self.every_client)
+
     def evaluation_state(self, participant: str) -> State:
-        return self.checkout(participant, overlay=self.evaluation.get(participant))
+        return self.checkout(participant, overlay=self.evaluation_copy(participant))
 
     def evaluation_weights(self, participant: str) -> tuple[torch.nn.Module, dict]:
         """The working model of the client's architecture and, without loading them into
@@ -107,7 +116,7 @@ class HostedClients:
         weights = self.working.templates[key]
         if blob and blob["model"] is not None:
             weights = blob["model"]
-        overlay = self.evaluation.get(participant)
+        overlay = self.evaluation_copy(participant)
         if overlay is not None:
             weights = weights | {
                 name: value.to(dtype=weights[name].dtype, device=weights[name].device)
@@ -129,7 +138,7 @@ class HostedClients:
                 return None
             kept = self.store.resident[participant]["model"]
             weights = weights if kept is None else kept
-        return key, id(weights), id(self.evaluation.get(participant))
+        return key, id(weights), id(self.evaluation_copy(participant))
 
     # -- checkpoints: each started client's blob; a model still at the initial weights is
     # saved as a flag, not as a copy of them

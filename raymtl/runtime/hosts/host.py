@@ -370,11 +370,15 @@ class ParticipantHost:
             handle = self.put({name: reference[name] for name in names if name in reference})
         return Envelope(message.src, message.dst, message.kind, bits, payload, reference=handle)
 
-    def hold_for_evaluation(self, payloads: list, owners: dict[str, int]) -> bool:
-        """The round's evaluation_only messages: `owners[client]` indexes the distinct
-        `payloads`, each fetched once however many clients share it."""
+    def hold_for_evaluation(
+        self, payloads: list, owners: dict[str, int], every: int | None = None
+    ) -> bool:
+        """The evaluation_only messages since the last evaluation: `owners[client]` indexes
+        the distinct `payloads`, each fetched once however many clients share it; `every`,
+        the copy to EVERY_CLIENT (every hosted client's, unless it has its own)."""
         tensors = self.get(payloads)
-        self.clients.hold_for_evaluation({p: tensors[k] for p, k in owners.items()})
+        default = tensors[every] if every is not None else None
+        self.clients.hold_for_evaluation({p: tensors[k] for p, k in owners.items()}, default)
         return True
 
     def client_participants(self) -> list[str]:

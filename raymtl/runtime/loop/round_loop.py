@@ -19,7 +19,7 @@ from collections import Counter
 
 import numpy as np
 
-from raymtl.algorithms.base import Algorithm, FederationInfo, client_name, role_of
+from raymtl.algorithms.base import EVERY_CLIENT, Algorithm, FederationInfo, client_name, role_of
 from raymtl.config import ExperimentConfig
 from raymtl.metrics import Recorder, fairness_stats
 from raymtl.runtime.executors.executor import Executor
@@ -28,7 +28,7 @@ from raymtl.runtime.hosts.host import evaluation_due
 from raymtl.runtime.loop.accounting import charge, link_direction, round_bits
 from raymtl.runtime.loop.privacy import PrivacyLedger
 from raymtl.runtime.loop.sampling import sample_clients
-from raymtl.runtime.router import Router
+from raymtl.runtime.router import Envelope, Router
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class RoundLoop:
         self.executor, self.federation, self.seed = executor, federation, seed
         self.privacy = PrivacyLedger(cfg, seed)
         self.printed: set[str] = set()  # the steps' warnings already on the console
+        # Evaluation copies not yet handed to the hosts (their next evaluation uses them).
+        self.evaluation_copies: dict[str, Envelope] = {}
 
     def record_attackers(self) -> None:
         """attackers.parquet: the seed's malicious clients (attack.fraction, §9.5), drawn as
@@ -163,11 +165,22 @@ class RoundLoop:
             self.add_rows("warnings", round_index, result.warnings)
             warned.update((w["participant"], w["message"]) for w in result.warnings)
         self.print_warnings(round_index, warned)
-        held = executor.hold_for_evaluation(router.take_evaluation())
-        self.record_lost(round_index, held.lost)
+        self.keep_evaluation_copies(router.take_evaluation())
+        if self.eval_due(round_index):  # the hosts get the copies when they are used only
+            held = executor.hold_for_evaluation(list(self.evaluation_copies.values()))
+            self.evaluation_copies = {}
+            self.record_lost(round_index, held.lost)
         if router.undelivered():
             raise RuntimeError(f"round {round_index}: messages left undelivered")
         return router, holders, seconds, flops
+
+    def keep_evaluation_copies(self, copies) -> None:
+        """The latest evaluation copy of every client, by destination: one to EVERY_CLIENT
+        replaces all earlier ones; a later one to a client replaces it for that client."""
+        for envelope in copies:
+            if envelope.dst == EVERY_CLIENT:
+                self.evaluation_copies = {}
+            self.evaluation_copies[envelope.dst] = envelope
 
     def print_warnings(self, round_index: int, warned: Counter) -> None:
         """The steps' warnings on the console: one line per message, the first round it
