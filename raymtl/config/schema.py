@@ -282,6 +282,16 @@ class ExperimentConfig(Section):
     runtime: RuntimeConfig = RuntimeConfig()
     rounds: int = Field(10, ge=1)
     eval_every: int = Field(1, ge=1)
+    eval_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="the share of clients evaluated when evaluation is due (a seeded sample "
+        "per round); 1 = every client",
+    )
+    eval_all_at_end: bool = Field(
+        True, description="eval_fraction < 1: the last round still evaluates every client"
+    )
     checkpoint_every: int = Field(5, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     output: OutputConfig = OutputConfig()

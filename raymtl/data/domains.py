@@ -87,7 +87,9 @@ def partition_sources(
         held_out = public.indices if public and public.source == source else ()
         tag = None if source == data_cfg.name else source  # None: the main dataset
         part = source_shards(pools[source], clients, seed, data_cfg, held_out)
-        shards += [dataclasses.replace(shard, source=tag) for shard in part]
+        if tag is not None:  # a copy per shard only where there is something to say
+            part = [dataclasses.replace(shard, source=tag) for shard in part]
+        shards += part
     return pools, sorted(shards, key=lambda shard: shard.client_id), public
 
 
@@ -97,6 +99,8 @@ def source_shards(pool: Pool, clients: list[int], seed: int, data_cfg, held_out)
     spec = get_partition(options["kind"])
     if spec.keyed:  # the clients the data holds (natural.py)
         shards = spec.build(pool, len(clients), seed=seed, held_out=held_out, **options)
+        if clients == list(range(len(clients))):  # the federation's clients are the data's
+            return shards
         return [dataclasses.replace(s, client_id=clients[s.client_id]) for s in shards]
     if pool.generated is not None:
         raise ValueError(

@@ -101,12 +101,19 @@ def _generated_shards(pool, num_clients, test_fraction, cap, groups):
     if cap is not None:
         counts = np.minimum(counts, cap)
     tests = np.clip(np.rint(counts * test_fraction).astype(np.int64), 1, counts - 1)
+    small = np.flatnonzero((counts - tests < MIN_TRAIN) | (tests < MIN_TEST))
+    if small.size:
+        k = int(small[0])
+        _check_size(str(k), int(counts[k] - tests[k]), int(tests[k]), pool.source)
+    settings = [groups[k % len(groups)] if groups else (0, 0.0) for k in range(len(groups) or 1)]
     shards = []
+    # ranges, not index arrays: 100,000 clients' indices would cost the driver ~400 MB; built
+    # directly (a dataclasses.replace each costs more than the rest at a million clients)
     for k, (count, n_test) in enumerate(zip(counts.tolist(), tests.tolist(), strict=True)):
-        _check_size(str(k), count - n_test, n_test, pool.source)
-        # ranges, not index arrays: 100,000 clients' indices would cost the driver ~400 MB
-        shard = make_shard(k, range(count - n_test), range(count - n_test, count), groups)
-        shards.append(dataclasses.replace(shard, key=k))
+        group = k % len(groups) if groups else 0
+        rotation, mask_prob = settings[group]
+        train, test = range(count - n_test), range(count - n_test, count)
+        shards.append(ClientShard(k, train, test, group, rotation, mask_prob, 0, None, key=k))
     return shards
 
 

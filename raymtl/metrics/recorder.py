@@ -44,6 +44,8 @@ ROUNDS_SCHEMA = pa.schema(
         ("worst20_accuracy", pa.float64()),
         ("std_accuracy", pa.float64()),
         ("mean_loss", pa.float64()),
+        # how many clients the evaluation's figures cover (eval_fraction; NaN: not evaluated)
+        ("clients_evaluated", pa.float64()),
         ("bits_up", pa.int64()),
         ("bits_down", pa.int64()),
         ("cum_bits_up", pa.int64()),

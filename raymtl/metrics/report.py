@@ -76,6 +76,9 @@ def seed_summary(seed: int, seed_rounds: pd.DataFrame) -> dict | None:
     summary.update(
         {metric: float(final_eval[metric]) if usable else None for metric in ACCURACY_METRICS}
     )
+    covered = final_eval.get("clients_evaluated")  # eval_fraction: the figures' clients
+    if covered is not None and not pd.isna(covered):
+        summary["clients_evaluated"] = int(covered)
     diverged_from = first_non_finite_round(seed_rounds)
     if diverged_from is not None:
         summary["diverged_from"] = diverged_from
@@ -125,6 +128,9 @@ def summarize(run_dir: Path, algorithm: str, config: dict | None = None) -> dict
         },
         "per_seed": per_seed,
     }
+    num_clients = (config.get("data") or {}).get("num_clients")
+    if num_clients is not None:
+        summary["num_clients"] = int(num_clients)  # what clients_evaluated is out of
     metrics = config.get("metrics") or {}
     if metrics.get("target") is not None:
         metric = metrics.get("metric", "mean_accuracy")
@@ -268,7 +274,24 @@ def target_caption(summaries: list[dict]) -> str | None:
         for metric, value in sorted(targets)
     ]
     note = divergence_note(summaries)
-    return "\n".join([*lines, *([note] if note else [])]) or None
+    return "\n".join([*lines, *coverage_notes(summaries), *([note] if note else [])]) or None
+
+
+def coverage_notes(summaries: list[dict]) -> list[str]:
+    """'fedavg: accuracy over 1,000 clients (eval_fraction)' where the final figures cover a
+    sample of the clients, not all of them."""
+    notes = []
+    for summary in summaries:
+        covered = {s.get("clients_evaluated") for s in summary.get("per_seed", [])}
+        total = summary.get("num_clients")
+        covered.discard(None)
+        if covered and total and max(covered) < total:
+            counts = "/".join(f"{count:,}" for count in sorted(covered))
+            notes.append(
+                f"{summary['algorithm']}: accuracy over {counts} of {total:,} clients "
+                "(eval_fraction)"
+            )
+    return notes
 
 
 def format_accuracy(summary: dict) -> str:

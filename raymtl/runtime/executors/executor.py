@@ -110,11 +110,12 @@ class Executor(ABC):
         self, round_index: int, phase: Phase, inboxes: dict, sampled: tuple[int, ...]
     ) -> PhaseResult:
         """Run a phase on every host holding one of the inboxes' participants."""
-        calls = {}
-        for name, participants in self.members.items():
-            mine = {p: inboxes[p] for p in participants if p in inboxes}
-            if mine:
-                calls[name] = (round_index, phase, mine, sampled)
+        by_host: dict[str, dict] = {}
+        host_of = self.host_of()
+        for participant, inbox in inboxes.items():  # the phase's participants only: not N
+            if participant in host_of:
+                by_host.setdefault(host_of[participant], {})[participant] = inbox
+        calls = {name: (round_index, phase, mine, sampled) for name, mine in by_host.items()}
         answer = self._call("run_phase", calls)
         result = PhaseResult(lost=answer.lost)
         for name in calls:
@@ -125,9 +126,18 @@ class Executor(ABC):
     def client_hosts(self) -> list[str]:
         return [name for name, members in self.members.items() if role_of(members[0]) == "client"]
 
-    def evaluate(self) -> Answer:
-        """Per-client test metrics from every client host (rows sorted by client)."""
-        answer = self._call("evaluate", {name: () for name in self.client_hosts()})
+    def evaluate(self, participants=None) -> Answer:
+        """Per-client test metrics from every client host (rows sorted by client); of the
+        `participants` only, when given (a sample: eval_fraction)."""
+        if participants is None:
+            calls = {name: () for name in self.client_hosts()}
+        else:
+            chosen, calls = set(participants), {}
+            for name in self.client_hosts():
+                mine = [p for p in self.members[name] if p in chosen]
+                if mine:
+                    calls[name] = (mine,)
+        answer = self._call("evaluate", calls)
         rows = sorted(
             (row for rows in answer.value.values() for row in rows), key=lambda r: r["client"]
         )
@@ -137,7 +147,7 @@ class Executor(ABC):
         """Hand each client host the evaluation copies for its clients: every distinct
         payload once per host, however many of its clients share it; a copy to EVERY_CLIENT
         goes to every client host as one payload (the clients' own copies over it)."""
-        host_of = {p: name for name, members in self.members.items() for p in members}
+        host_of = self.host_of()
         every = [e for e in envelopes if e.dst == EVERY_CLIENT]
         mine: dict[str, list[Envelope]] = {name: [] for name in self.client_hosts()}
         for envelope in envelopes:
@@ -239,6 +249,36 @@ class Executor(ABC):
     def participants(self) -> list[str]:
         """Every participant the hosts hold now."""
         return [p for members in self.members.values() for p in members]
+
+    def _positions(self) -> dict[str, int]:
+        """Participant -> its place in `participants()`, rebuilt when the hosts change."""
+        layout = tuple((name, id(members)) for name, members in self.members.items())
+        if getattr(self, "_layout", None) != layout:
+            self._layout = layout
+            self._position = {p: k for k, p in enumerate(self.participants())}
+            self._host = {p: name for name, members in self.members.items() for p in members}
+            self._of_role: dict[str, list[str]] = {}
+            for participant in self._position:
+                self._of_role.setdefault(role_of(participant), []).append(participant)
+        return self._position
+
+    def host_of(self) -> dict[str, str]:
+        """Participant -> the host holding it now."""
+        self._positions()
+        return self._host
+
+    def participants_of(self, role: str) -> list[str]:
+        """The participants of `role` the hosts hold now, in the hosts' order."""
+        self._positions()
+        return self._of_role.get(role, [])
+
+    def holds(self, participant: str) -> bool:
+        """Whether a host holds `participant` now (a lost host's do not count)."""
+        return participant in self._positions()
+
+    def order_of(self, participant: str) -> int:
+        """`participant`'s place among `participants()` (the hosts' order)."""
+        return self._positions().get(participant, len(self._position))
 
     def probe(self, directory: str) -> dict[str, bool]:
         """Each host writes `<directory>/<host>` and reports whether it sees the driver's

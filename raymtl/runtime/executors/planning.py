@@ -31,13 +31,28 @@ class Setup:
     specs: dict[str, HostSpec]
 
 
+# The last partition made (its experiment and seed, and what it gave): the pre-flight check
+# (`check_federation`) and the run's set-up (`build_setup`) plan the same seed one after the
+# other, and a million clients' partition takes seconds.
+_LAST_PARTITION: list = [None, None]
+
+
 def partition(cfg: ExperimentConfig, seed: int):
     """The pools by source name, the clients' shards (indices, task of each client), the
-    tasks and the public set (data.public; None without one).
+    tasks and the public set (data.public; None without one); the same experiment and seed
+    planned again is answered from the last plan.
 
     Every failure (missing data, a partition the data cannot give, tasks that do not fit
     the source or the algorithm) is one ConfigError line, before any actor starts.
     """
+    key = (cfg.model_dump_json(), seed)
+    if _LAST_PARTITION[0] != key:
+        _LAST_PARTITION[:] = [None, _partition(cfg, seed)]  # a failure leaves no stale key
+        _LAST_PARTITION[0] = key
+    return _LAST_PARTITION[1]
+
+
+def _partition(cfg: ExperimentConfig, seed: int):
     from raymtl.data import load_pool
     from raymtl.data.domains import partition_sources
 

@@ -382,14 +382,21 @@ class ParticipantHost:
         return True
 
     def client_participants(self) -> list[str]:
-        return [p for p in self.spec.participants if role_of(p) == "client"]
+        if getattr(self, "_clients", None) is None:  # the spec's participants never change
+            self._clients = [p for p in self.spec.participants if role_of(p) == "client"]
+        return list(self._clients)
 
-    def evaluate(self) -> list[dict]:
-        """Loss and the task's metrics of every hosted client on its own test split, and the
-        FLOPs of its evaluation (`flops`), in the order of the hosted clients. Clients
+    def evaluate(self, participants: list[str] | None = None) -> list[dict]:
+        """Loss and the task's metrics of every hosted client (of `participants`, when
+        given) on its own test split, and the FLOPs of its evaluation (`flops`), in the
+        order of the hosted clients. Clients
         evaluated with one model (`_together`) go through it together; the others, each
         with its own weights, together per architecture (`_evaluate_own`)."""
-        participants = self.client_participants()
+        hosted = self.client_participants()
+        if participants is not None:
+            chosen = set(participants)
+            hosted = [p for p in hosted if p in chosen]
+        participants = hosted
         with collection_paused():
             self.clients.prepare(participants)  # never-built clients' data decoded together
             rows, own = {}, []

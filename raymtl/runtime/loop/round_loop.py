@@ -27,7 +27,7 @@ from raymtl.runtime.faults import dropped_rows
 from raymtl.runtime.hosts.host import evaluation_due
 from raymtl.runtime.loop.accounting import charge, link_direction, round_bits
 from raymtl.runtime.loop.privacy import PrivacyLedger
-from raymtl.runtime.loop.sampling import sample_clients
+from raymtl.runtime.loop.sampling import evaluation_sample, sample_clients
 from raymtl.runtime.router import Envelope, Router
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ EVALUATION_COLUMNS = (
     "worst20_accuracy",
     "std_accuracy",
     "mean_loss",
+    "clients_evaluated",  # how many clients the figures cover (eval_fraction)
 )
 
 
@@ -207,21 +208,24 @@ class RoundLoop:
             )
 
     def participants(self, phase, sampled, router) -> list[str]:
-        """The participants that run `phase`, among the hosts' survivors."""
-        of_role = [p for p in self.executor.participants() if role_of(p) == phase.role]
+        """The participants that run `phase`, among the hosts' survivors: the cohort's or
+        the inbox's without going over every client (a round costs its cohort)."""
         if phase.who == "sampled":
-            chosen = {client_name(i) for i in sampled}
-            return [p for p in of_role if p in chosen]
-        if phase.who == "inbox":
-            waiting = router.waiting()
-            return [p for p in of_role if p in waiting]
-        return of_role
+            chosen = [client_name(i) for i in sampled]
+        elif phase.who == "inbox":
+            chosen = sorted(router.waiting(), key=self.executor.order_of)
+        else:
+            return list(self.executor.participants_of(phase.role))
+        return [p for p in chosen if role_of(p) == phase.role and self.executor.holds(p)]
 
     def evaluate(self, round_index: int, ledger) -> tuple[dict, list[dict]]:
-        """Every client on its own test split: the round's fairness metrics and the
-        clients' rows (recorded in clients.parquet)."""
+        """Every client (a seeded `eval_fraction` of them) on its own test split: the round's
+        fairness metrics and the clients' rows (recorded in clients.parquet)."""
         up, down = round_bits(ledger, self.federation.num_clients)
-        answer = self.executor.evaluate()
+        cfg = self.cfg
+        fraction = 1.0 if cfg.eval_all_at_end and round_index == cfg.rounds else cfg.eval_fraction
+        chosen = evaluation_sample(self.seed, round_index, self.federation.num_clients, fraction)
+        answer = self.executor.evaluate(None if chosen is None else map(client_name, chosen))
         self.record_lost(round_index, answer.lost)
         clients = answer.value
         for client_row in clients:
@@ -236,6 +240,7 @@ class RoundLoop:
             "worst20_accuracy": stats["worst20"],
             "std_accuracy": stats["std"],
             "mean_loss": float(np.mean([r["loss"] for r in clients])),
+            "clients_evaluated": len(clients),
         }
         return metrics, clients
 

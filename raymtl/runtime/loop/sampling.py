@@ -19,3 +19,15 @@ def sample_clients(
     count = sample_size(fraction, num_clients)
     rng = np.random.default_rng(derive_seed(seed, round_index, "sample"))
     return tuple(sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False)))
+
+
+def evaluation_sample(
+    seed: int, round_index: int, num_clients: int, fraction: float
+) -> tuple[int, ...] | None:
+    """The clients evaluated after round `round_index` with `eval_fraction` < 1: ⌈f·N⌉ of
+    them, seeded by (seed, round) apart from the training cohort; None: every client."""
+    if fraction >= 1:
+        return None
+    count = sample_size(fraction, num_clients)
+    rng = np.random.default_rng(derive_seed(seed, round_index, "evaluation-sample"))
+    return tuple(sorted(int(i) for i in rng.choice(num_clients, size=count, replace=False)))
