@@ -11,6 +11,8 @@ process and every process it started (Ray's GCS, raylet, object store, actors) e
     .venv/bin/python benchmarks/scale.py                         # the table below, printed
     .venv/bin/python benchmarks/scale.py --record                # and into RESULTS.md
     .venv/bin/python benchmarks/scale.py --one fedavg 10000      # one configuration
+    .venv/bin/python benchmarks/scale.py --cohort [--record]     # a cohort of 1,000 from
+                                                                 # N = 10^4..10^6 (COHORT_RUNS)
 """
 
 from __future__ import annotations
@@ -30,6 +32,44 @@ from pathlib import Path
 RESULTS = Path(__file__).with_name("RESULTS.md")
 RUNS = {"fedavg": (100, 1000, 10000), "fedu": (100, 1000, 2000)}
 SAMPLED, ROUNDS, SAMPLES_PER_CLIENT = 100, 3, 7
+# `--cohort`: a cohort of 1,000 a round from N = 10,000 / 100,000 / 1,000,000 clients of
+# LEAF's Synthetic (generated on the host that holds each client: the driver holds counts
+# only), 12 samples each, an mlp, FedAvg; 1,000 clients evaluated at the last round
+# (eval_fraction). Stateful: Ditto (a personal mlp per client) under a memory budget.
+COHORT, COHORT_SAMPLES = 1000, 12
+COHORT_RUNS = [
+    ("fedavg", 10_000, "inline"),
+    ("fedavg", 100_000, "inline"),
+    ("fedavg", 1_000_000, "inline"),
+    ("fedavg", 10_000, "ray"),
+    ("fedavg", 1_000_000, "ray"),
+    ("ditto", 10_000, "inline"),
+    ("ditto", 100_000, "inline"),
+]
+
+
+def cohort_experiment(algorithm: str, clients: int, executor: str, run_dir: Path, args) -> dict:
+    params = {"epochs": 1, "lr": 0.05, "sample_fraction": COHORT / clients}
+    runtime = {"executor": executor, "dashboard": False}
+    if algorithm == "ditto":
+        runtime["memory_budget"] = args.budget
+    return {
+        "name": f"cohort-{algorithm}-{clients}-{executor}",
+        "data": {
+            "name": "leaf_synthetic",
+            "num_clients": clients,
+            "params": {"alpha": 0.5, "beta": 0.5, "max_samples": COHORT_SAMPLES},
+        },
+        "model": {"name": "mlp"},
+        "algorithm": {"name": algorithm, "params": params},
+        "rounds": ROUNDS,
+        "eval_every": ROUNDS,
+        "eval_fraction": min(1.0, COHORT / clients),
+        "eval_all_at_end": False,
+        "checkpoint_every": ROUNDS,
+        "runtime": runtime,
+        "output": {"dir": str(run_dir), "plots": False},
+    }
 
 
 def experiment(algorithm: str, clients: int, run_dir: Path, args) -> dict:
@@ -87,8 +127,8 @@ class PeakMemory(threading.Thread):
             self.peak = max(self.peak, tree_pss(os.getpid()))
 
 
-def run_one(algorithm: str, clients: int, args) -> dict:
-    """One configuration in this process; its figures."""
+def run_one(algorithm: str, clients: int, args, executor: str | None = None) -> dict:
+    """One configuration in this process; its figures (`executor`: the --cohort suite's)."""
     import pandas as pd
 
     import raymtl
@@ -98,8 +138,12 @@ def run_one(algorithm: str, clients: int, args) -> dict:
     monitor.start()
     with tempfile.TemporaryDirectory() as folder:
         run_dir = Path(folder) / "run"
-        cfg = raymtl.ExperimentConfig.model_validate(experiment(algorithm, clients, run_dir, args))
-        ray_start = start_ray(cfg)
+        if executor is None:
+            raw = experiment(algorithm, clients, run_dir, args)
+        else:
+            raw = cohort_experiment(algorithm, clients, executor, run_dir, args)
+        cfg = raymtl.ExperimentConfig.model_validate(raw)
+        ray_start = start_ray(cfg) if cfg.runtime.executor == "ray" else 0.0
         began = time.perf_counter()
         with raymtl.Federation(cfg, run_dir=run_dir) as federation:
             while not federation.done:
@@ -117,6 +161,7 @@ def run_one(algorithm: str, clients: int, args) -> dict:
     return {
         "algorithm": algorithm,
         "clients": clients,
+        "executor": cfg.runtime.executor,
         "ray_start_s": ray_start,
         "setup_s": total - walls[-1],
         "round_s": training_rounds / len(walls),
@@ -151,15 +196,70 @@ HEADER = (
 )
 
 
+def cohort_row(result: dict, args) -> str:
+    budget = args.budget if result["algorithm"] == "ditto" else "-"
+    per_client = result["peak_gib"] * 2**30 / result["clients"]
+    return (
+        f"| {date.today()} | {result['algorithm']} | {result['executor']} | "
+        f"{result['clients']:,} | {budget} | {result['setup_s']:.1f} | {result['round_s']:.2f} "
+        f"| {result['evaluate_s']:.1f} | {result['peak_gib']:.2f} | {per_client:,.0f} | "
+        f"{result['resident_mib']:.0f} / {result['spilled_mib']:.0f} |"
+    )
+
+
+COHORT_HEADER = (
+    "| date | algorithm | executor | N | memory_budget | set-up s (to the first round) | "
+    "s per round | evaluation s (1,000 clients) | peak PSS GiB (all processes) | "
+    "peak bytes per client | kept state MiB resident / spilled |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def run_cohort(args) -> None:
+    """The --cohort suite, each configuration in a fresh process."""
+    rows = []
+    for algorithm, clients, executor in COHORT_RUNS:
+        command = [sys.executable, __file__, "--one", algorithm, str(clients)]
+        command += ["--executor", executor, "--budget", args.budget]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        rows.append(cohort_row(json.loads(out.strip().splitlines()[-1]), args))
+        print(rows[-1], flush=True)
+    if args.record:
+        flags = cpu_flags()
+        machine = f"{platform.machine()}, {os.cpu_count()} cores, {flags}"
+        section = "\n## Scale: a cohort of 1,000 from N clients (`benchmarks/scale.py --cohort`)\n"
+        text = RESULTS.read_text()
+        if section not in text:
+            text += section + f"\nMachine: {machine}.\n\n{COHORT_HEADER}\n"
+        RESULTS.write_text(text.rstrip("\n") + "\n" + "\n".join(rows) + "\n")
+
+
+def cpu_flags() -> str:
+    """The vector units of this CPU (AVX2, AVX-512, bf16) from /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+                return " ".join(flag for flag in line.split() if flag in wanted)
+    except OSError:
+        pass
+    return "flags unknown"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--one", nargs=2, metavar=("ALGORITHM", "N"))
-    parser.add_argument("--budget", default="1GiB", help="FedU's runtime.memory_budget")
+    parser.add_argument("--executor", choices=["inline", "ray"], help="--one of the cohort suite")
+    parser.add_argument("--cohort", action="store_true", help="the cohort-of-1,000 suite")
+    parser.add_argument("--budget", default="1GiB", help="FedU's and Ditto's runtime.memory_budget")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed"])
     parser.add_argument("--record", action="store_true", help="append rows to RESULTS.md")
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one[0], int(args.one[1]), args)))
+        print(json.dumps(run_one(args.one[0], int(args.one[1]), args, args.executor)))
+        return
+    if args.cohort:
+        run_cohort(args)
         return
     rows = []
     for algorithm, sizes in RUNS.items():

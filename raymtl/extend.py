@@ -27,6 +27,7 @@ from raymtl.algorithms.aggregate import (
     weighted_average,
 )
 from raymtl.algorithms.base import (
+    EVERY_CLIENT,
     SERVER,
     Algorithm,
     FederationInfo,
@@ -63,6 +64,7 @@ from raymtl.tasks.objectives import task_loss
 from raymtl.tasks.spec import TaskSpec
 
 __all__ = [
+    "EVERY_CLIENT",
     "SERVER",
     "Algorithm",
     "ClientData",
