@@ -9,6 +9,7 @@ cycle.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,3 +117,88 @@ def make_shard(
     group = client % len(groups) if groups else 0
     rotation, mask_prob = groups[group] if groups else (0, 0.0)
     return ClientShard(client, train, test, group, rotation, mask_prob, task, task_classes)
+
+
+class ShardTable(Mapping):
+    """Participant name ("client/<id>", `prefix` + client_id) -> ClientShard, held as
+    columns: what a host's spec carries to it.
+
+    A million clients' shards pickled one object each cost seconds on the driver and again
+    on every host (about 100 bytes and 8 µs a shard); as columns they travel as a few numpy
+    arrays, and a shard is rebuilt when a host asks for it.
+    """
+
+    def __init__(self, shards: list[ClientShard], prefix: str = "client/"):
+        self._columns, self._prefix = _columns(shards), prefix
+        self._index()
+
+    def _index(self) -> None:
+        ids = self._columns["client_id"].tolist()
+        self._row = {f"{self._prefix}{client}": row for row, client in enumerate(ids)}
+
+    def __getitem__(self, name: str) -> ClientShard:
+        return _shard(self._columns, self._row[name])
+
+    def __iter__(self):
+        return iter(self._row)
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def __getstate__(self) -> dict:
+        return {"columns": self._columns, "prefix": self._prefix}  # the names are rebuilt
+
+    def __setstate__(self, state: dict) -> None:
+        self._columns, self._prefix = state["columns"], state["prefix"]
+        self._index()
+
+
+def _indices(parts: list) -> dict:
+    """Index sets as columns: ranges as (start, stop), arrays concatenated with offsets."""
+    if all(isinstance(part, range) and part.step == 1 for part in parts):
+        bounds = np.array([(part.start, part.stop) for part in parts], dtype=np.int64)
+        return {"ranges": bounds.reshape(-1, 2)}
+    arrays = [np.asarray(part, dtype=np.int64) for part in parts]
+    offsets = np.cumsum([0, *(len(array) for array in arrays)])
+    flat = np.concatenate(arrays) if arrays else np.empty(0, np.int64)
+    return {"flat": flat, "offsets": offsets}
+
+
+def _index(column: dict, row: int):
+    if "ranges" in column:
+        start, stop = column["ranges"][row]
+        return range(int(start), int(stop))
+    offsets = column["offsets"]
+    return column["flat"][offsets[row] : offsets[row + 1]]
+
+
+def _columns(shards: list[ClientShard]) -> dict:
+    return {
+        "client_id": np.array([s.client_id for s in shards], dtype=np.int64),
+        "train": _indices([s.train_idx for s in shards]),
+        "test": _indices([s.test_idx for s in shards]),
+        "group": np.array([s.group for s in shards], dtype=np.int64),
+        "rotation": np.array([s.rotation for s in shards], dtype=np.int64),
+        "mask_prob": np.array([s.mask_prob for s in shards], dtype=np.float64),
+        "task": np.array([s.task for s in shards], dtype=np.int64),
+        # few distinct values: kept as Python objects, one per shard, shared
+        "task_classes": [s.task_classes for s in shards],
+        "source": [s.source for s in shards],
+        "key": np.array([-1 if s.key is None else s.key for s in shards], dtype=np.int64),
+    }
+
+
+def _shard(columns: dict, row: int) -> ClientShard:
+    key = int(columns["key"][row])
+    return ClientShard(
+        int(columns["client_id"][row]),
+        _index(columns["train"], row),
+        _index(columns["test"], row),
+        int(columns["group"][row]),
+        int(columns["rotation"][row]),
+        float(columns["mask_prob"][row]),
+        int(columns["task"][row]),
+        columns["task_classes"][row],
+        columns["source"][row],
+        None if key < 0 else key,
+    )

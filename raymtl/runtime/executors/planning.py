@@ -218,12 +218,14 @@ def build_setup(
     if device == "cuda":
         check_gpu_fits(cfg, federation, by_name, layout, executor)
     shared = executor.share_pools(pools)  # once per run in Ray's object store (None inline)
+    from raymtl.data.shards import ShardTable  # the clients' shards as columns (pickled fast)
+
     specs = {
         name: HostSpec(
             config=cfg,
             federation=federation,
             participants=tuple(members),
-            shards={p: by_name[p] for p in members if p in by_name},
+            shards=ShardTable([by_name[p] for p in members if p in by_name]),
             public=public if any(p in by_name for p in members) else None,
             pools=shared if any(p in by_name for p in members) else None,
             seed=seed,

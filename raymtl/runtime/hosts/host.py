@@ -13,6 +13,7 @@ import gc
 import logging
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -65,7 +66,7 @@ class HostSpec:
     config: ExperimentConfig  # validated once, by the driver: hosts never validate it again
     federation: FederationInfo
     participants: tuple[str, ...]
-    shards: dict  # client participant -> ClientShard (indices into the source)
+    shards: Mapping  # client participant -> ClientShard (a data.shards.ShardTable)
     seed: int
     torch_threads: int = 1
     device: str = "cpu"
