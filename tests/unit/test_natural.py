@@ -9,6 +9,7 @@ import torch
 
 from raymtl.data.client_data import materialize
 from raymtl.data.natural import natural
+from raymtl.data.shards import ClientShard
 from raymtl.data.source_registry import ClientKeys, Generated, Pool, check_pool
 
 NAMES = ("ann", "bob", "cy")
@@ -95,3 +96,21 @@ def test_generated_clients_split_their_counts_without_samples():
     shards = natural(check_pool("gen", pool), 3, seed=0, test_fraction=0.2)
     assert [(len(s.train_idx), len(s.test_idx)) for s in shards] == [(4, 1), (5, 1), (6, 1)]
     assert isinstance(shards[2].train_idx, range)  # no index arrays on the driver
+
+
+def test_a_shard_table_gives_back_every_shard_after_pickling():
+    import pickle
+
+    from raymtl.data.shards import ShardTable
+
+    keyed = natural(keyed_pool(group=np.array([1, 0, 1])), 3, seed=0, rotations=[0, 90])
+    generated = [ClientShard(k, range(4), range(4, 5), 0, 0, 0.0, 0, None, key=k) for k in (5, 9)]
+    for shards in (keyed, generated):
+        table = pickle.loads(pickle.dumps(ShardTable(shards)))
+        assert list(table) == [f"client/{s.client_id}" for s in shards]
+        for shard in shards:
+            back = table[f"client/{shard.client_id}"]
+            assert list(back.train_idx) == list(shard.train_idx)
+            assert list(back.test_idx) == list(shard.test_idx)
+            same = ("group", "rotation", "mask_prob", "task", "task_classes", "source", "key")
+            assert all(getattr(back, f) == getattr(shard, f) for f in same)

@@ -205,6 +205,7 @@ def build_setup(
 ) -> Setup:
     """Partition the data, build the topology and lay participants out on hosts."""
     pools, shards, specs, public = partition(cfg, seed)
+    _LAST_PARTITION[:] = [None, None]  # the check's plan is used: a long-lived process keeps none
     federation = build_federation(cfg, seed, executor, pools[cfg.data.name], shards, specs)
     check_model(cfg, federation)
     if cfg.runtime.address and cfg.runtime.memory_budget is None:
