@@ -105,12 +105,12 @@ def _generated_shards(pool, num_clients, test_fraction, cap, groups):
     if small.size:
         k = int(small[0])
         _check_size(str(k), int(counts[k] - tests[k]), int(tests[k]), pool.source)
-    settings = [groups[k % len(groups)] if groups else (0, 0.0) for k in range(len(groups) or 1)]
+    settings = groups or [(0, 0.0)]  # (rotation, mask_prob) of each group
     shards = []
     # ranges, not index arrays: 100,000 clients' indices would cost the driver ~400 MB; built
     # directly (a dataclasses.replace each costs more than the rest at a million clients)
     for k, (count, n_test) in enumerate(zip(counts.tolist(), tests.tolist(), strict=True)):
-        group = k % len(groups) if groups else 0
+        group = k % len(settings)
         rotation, mask_prob = settings[group]
         train, test = range(count - n_test), range(count - n_test, count)
         shards.append(ClientShard(k, train, test, group, rotation, mask_prob, 0, None, key=k))
