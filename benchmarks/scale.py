@@ -45,13 +45,18 @@ COHORT_RUNS = [
     ("fedavg", 1_000_000, "ray"),
     ("ditto", 10_000, "inline"),
     ("ditto", 100_000, "inline"),
+    ("fedu", 10_000, "inline"),
+    ("fedu", 100_000, "inline"),
+    ("sfmtl_graph", 10_000, "inline"),
 ]
+# Keep a personal model per client: run under runtime.memory_budget (--budget).
+STATEFUL = ("ditto", "fedu", "sfmtl_graph")
 
 
 def cohort_experiment(algorithm: str, clients: int, executor: str, run_dir: Path, args) -> dict:
     params = {"epochs": 1, "lr": 0.05, "sample_fraction": COHORT / clients}
     runtime = {"executor": executor, "dashboard": False}
-    if algorithm == "ditto":
+    if algorithm in STATEFUL:
         runtime["memory_budget"] = args.budget
     return {
         "name": f"cohort-{algorithm}-{clients}-{executor}",
@@ -197,7 +202,7 @@ HEADER = (
 
 
 def cohort_row(result: dict, args) -> str:
-    budget = args.budget if result["algorithm"] == "ditto" else "-"
+    budget = args.budget if result["algorithm"] in STATEFUL else "-"
     per_client = result["peak_gib"] * 2**30 / result["clients"]
     return (
         f"| {date.today()} | {result['algorithm']} | {result['executor']} | "

@@ -11,9 +11,11 @@ the run's run.log) — never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -24,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import raymtl
 from raymtl.api.callbacks import Callback, RoundEvent
-from raymtl.errors import ConfigError
+from raymtl.errors import ConfigError, StepFailed
 from raymtl.runtime.faults import RunStopped
 
 # Only what every command needs is imported here: `raymtl --help` answers without torch,
@@ -82,6 +84,7 @@ class RoundProgress(Callback):
         self.last_round = (event.seed, event.round)
         key = (self.label, event.seed)
         if key not in self.tasks:
+            self.progress.start()  # at the first round: nothing drawn before (progress_bar)
             self.tasks[key] = self.progress.add_task(
                 f"{self.label} seed {event.seed}", total=event.rounds, accuracy=""
             )
@@ -90,8 +93,12 @@ class RoundProgress(Callback):
         self.progress.update(self.tasks[key], completed=event.round, accuracy=shown)
 
 
-def progress_bar() -> Progress:
-    return Progress(
+@contextlib.contextmanager
+def progress_bar() -> Iterator[Progress]:
+    """The progress bars of a command, shown from its first round on (`RoundProgress`): a
+    command that stops before any round (a bad experiment) draws nothing, so its error line
+    is the only thing it prints (a bar started at once would leave an empty line)."""
+    progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -99,6 +106,11 @@ def progress_bar() -> Progress:
         TimeElapsedColumn(),
         console=console,
     )
+    try:
+        yield progress
+    finally:
+        if progress.live.is_started:  # (stop prints a line off a terminal, even unstarted)
+            progress.stop()
 
 
 def trackers(mlflow: bool, mlflow_uri: str | None) -> list[Callback]:
@@ -125,7 +137,7 @@ def run(
     ] = None,
 ) -> None:
     """Run one experiment file and print its results table."""
-    with user_errors():
+    with UserErrors():
         callbacks = trackers(mlflow, mlflow_uri)
         if resume is not None:
             if file is not None and "=" not in file:
@@ -133,7 +145,7 @@ def run(
             overrides = [file, *(overrides or [])] if file else overrides  # all overrides
         elif file is None:
             fail("run: give an experiment file (or --resume RUN_DIR)")
-        with progress_bar() as progress, interrupted_run(RoundProgress(progress)) as shown:
+        with progress_bar() as progress, InterruptedRun(RoundProgress(progress)) as shown:
             callbacks = [shown, *callbacks]
             if resume is not None:
                 results = raymtl.resume(resume, overrides or [], callbacks=callbacks)
@@ -147,10 +159,13 @@ def run(
             console.print(hint, style="dim", highlight=False, soft_wrap=True)
 
 
-class interrupted_run:
+class InterruptedRun:
     """Ctrl-C during a run: one line saying how far it got and the command that goes on
-    from its last complete checkpoint, and exit code 130 (typer would exit silently).
-    `resume_command(run_dir)`: that command, for the run (or comparison) in progress."""
+    from its last complete checkpoint, and exit code 130 (typer would exit silently). A
+    step that raised (`StepFailed`): its line gets the same command, to run once the code
+    is fixed (`UserErrors` prints it, exit code 1), and a run that stopped (`RunStopped`: exit
+    code 3) likewise, once its cause is fixed. `resume_command(run_dir)`: that command,
+    for the run (or comparison) in progress."""
 
     def __init__(self, progress: RoundProgress, resume_command=None):
         self.progress = progress
@@ -160,9 +175,25 @@ class interrupted_run:
         return self.progress
 
     def __exit__(self, kind, error, tb):
+        if isinstance(error, StepFailed) and self.progress.run_dir is not None:
+            command = self.resume_command(self.progress.run_dir)
+            line = (
+                f"{error.line}; once the code is fixed, `{command}` goes on from the last "
+                "complete checkpoint"
+            )
+            raise StepFailed(line, error.details) from error
+        if isinstance(error, RunStopped) and self.progress.run_dir is not None:
+            first = (str(error).splitlines() or ["run stopped"])[0]
+            command = self.resume_command(self.progress.run_dir)
+            line = (
+                f"{first}; once the cause is fixed, `{command}` goes on from the last "
+                "complete checkpoint"
+            )
+            raise RunStopped(line) from error
         if not isinstance(error, KeyboardInterrupt):
             return False
-        self.progress.progress.stop()  # the bar's last state stays; the line goes below it
+        if self.progress.progress.live.is_started:  # the bar's last state stays; the line
+            self.progress.progress.stop()  # goes below it
         run_dir, last_round = self.progress.run_dir, self.progress.last_round
         if run_dir is None:
             errors.print("interrupted before the run directory was made: nothing to resume")
@@ -241,7 +272,7 @@ def compare(
     """Run several experiments (or `algorithm.name=a,b`) on the same data and seeds."""
     from raymtl.api.comparison import print_comparison
 
-    with user_errors():
+    with UserErrors():
         items = items or []
         if not items and resume is None:
             fail("compare: give experiment files (or --resume COMPARISON_DIR)")
@@ -254,7 +285,7 @@ def compare(
 
         with (
             progress_bar() as progress,
-            interrupted_run(RoundProgress(progress), resume_command) as shown,
+            InterruptedRun(RoundProgress(progress), resume_command) as shown,
         ):
             comparison = raymtl.compare(
                 files,
@@ -300,7 +331,7 @@ def tune(
     """Sweep settings of one experiment with Ray Tune; writes the best as an experiment file."""
     from raymtl.api.tuning import print_sweep
 
-    with user_errors():
+    with UserErrors():
         if not param:
             fail(
                 "--param: give at least one setting to sweep, e.g. "
@@ -329,7 +360,7 @@ def report(
     from raymtl.api.comparison import print_comparison, report_comparison
     from raymtl.metrics.report import report as report_run
 
-    with user_errors():
+    with UserErrors():
         if (run_dir / "rounds.parquet").is_file():
             report_run(run_dir, console=console)
             say_if_failed(run_dir)
@@ -424,7 +455,7 @@ def list_components(
         from raymtl.plugins import load_plugins, resolve_entry
 
         if plugin:
-            with user_errors():
+            with UserErrors():
                 load_plugins([resolve_entry(entry) for entry in plugin])
         sections = catalogue_rows()
         keep_sections(kept, sections)
@@ -432,7 +463,7 @@ def list_components(
         console.print(table(title, rows))
 
 
-class user_errors:
+class UserErrors:
     """Turn configuration and data errors (a plugin's constructor or Params raising
     included) into one line + exit 2, a run that cannot go on into one line + exit 3, an
     exception in an algorithm's step into one line naming it + exit 1 (its traceback in the
@@ -443,7 +474,6 @@ class user_errors:
 
     def __exit__(self, kind, error, tb):
         from raymtl.data import DatasetMissing
-        from raymtl.errors import StepFailed
 
         if isinstance(error, ConfigError | DatasetMissing):
             fail(str(error).splitlines()[0])

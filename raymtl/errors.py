@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from dataclasses import dataclass
 
 
 class ConfigError(ValueError):
@@ -32,18 +33,54 @@ class StepFailed(RuntimeError):
         return type(self), (self.line, self.details)
 
 
-def raised_at(error: BaseException, code: type) -> str:
-    """Where `error` was raised, as 'file:line': its innermost frame in the file of `code` or
-    of a class `code` derives from, in its own package or raymtl (a plugin's class, or the
-    built-in one it extends; not torch's or pydantic's), else its innermost frame ('' without
-    a traceback)."""
+@dataclass(frozen=True)
+class Frame:
+    """Where an exception was raised: its file, line and function (qualified name)."""
+
+    file: str
+    line: int
+    function: str
+
+
+def raised_in(error: BaseException, code: type) -> Frame | None:
+    """The frame `error` was raised in: its innermost frame in the file of `code` or of a
+    class `code` derives from, in its own package or raymtl (a plugin's class, or the
+    built-in one it extends; not torch's or pydantic's), else its innermost frame (None
+    without a traceback)."""
     packages = {code.__module__.partition(".")[0], "raymtl"}
     bases = [k for k in code.__mro__ if k.__module__.partition(".")[0] in packages]
     files = {source_file(k) for k in bases} - {None}
-    frames = traceback.extract_tb(error.__traceback__)
-    ours = [frame for frame in frames if frame.filename in files]
-    frame = (ours or frames or [None])[-1]
-    return "" if frame is None else f"{frame.filename}:{frame.lineno}"
+    tb = error.__traceback__
+    # The lines as tracebacks print them; the functions' qualified names from their frames
+    # (both from the outermost frame on).
+    summaries, walked = traceback.extract_tb(tb), traceback.walk_tb(tb)
+    frames = [
+        Frame(summary.filename, summary.lineno, frame.f_code.co_qualname)
+        for summary, (frame, _) in zip(summaries, walked, strict=False)
+    ]
+    ours = [frame for frame in frames if frame.file in files]
+    return (ours or frames or [None])[-1]
+
+
+def raised_at(error: BaseException, code: type) -> str:
+    """Where `error` was raised (`raised_in`), as 'file:line' ('' without a traceback)."""
+    frame = raised_in(error, code)
+    return "" if frame is None else f"{frame.file}:{frame.line}"
+
+
+def step_raised(code: type, step: str, error: BaseException, context: str) -> str:
+    """'Cls.step raised KeyError: 'x' (file:line; context)' for an exception raised in
+    algorithm class `code`'s `step`. When the function that raised is another one (a hook
+    the step calls: FedAvg's `aggregate` calling a plugin's `merge`), it is named too:
+    'Cls.aggregate (in Cls.merge, file:line) raised ValueError: text (context)'."""
+    called = f"{code.__qualname__}.{step}"
+    frame = raised_in(error, code)
+    if frame is None:
+        return f"{called} raised {raised(error)} ({context})"
+    where = f"{frame.file}:{frame.line}"
+    if frame.function.rpartition(".")[2] != step:
+        return f"{called} (in {frame.function}, {where}) raised {raised(error)} ({context})"
+    return f"{called} raised {raised(error)} ({where}; {context})"
 
 
 def source_file(code: type) -> str | None:

@@ -181,7 +181,11 @@ def add_passes(module: nn.Module, inputs: torch.Tensor, training: bool, times: i
 
 def add_flops(count: float) -> None:
     """Add `count` FLOPs of work done outside module calls (an algorithm's own tensor maths
-    in a client's step, e.g. products with restriction maps); a no-op outside `passes()`."""
+    in a client's step, e.g. products with restriction maps); a no-op outside `passes()`.
+
+    Args:
+        count: the floating-point operations done.
+    """
     tally = _ACTIVE.get()
     if tally is not None:
         tally.flops += float(count)

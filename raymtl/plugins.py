@@ -9,8 +9,11 @@ under `raymtl_plugin_<stem>_<hash of its path>`.
 
 The driver loads the plugins while it parses the experiment, before anything is validated,
 and every host before it builds anything: `load_plugins(entries, search_paths)` imports
-each entry once per process. `search_paths()` names the folders the plugin modules were
-found in, so that a host on the same machine (or on a shared file system) finds them too.
+each entry once per process, and again when its source changed since (the sha256 of the
+file, or of a package's .py files): a process that outlives a command (`raymtl up`'s warm
+actors) runs the plugin as it is now, and its registrations replace the old ones.
+`search_paths()` names the folders the plugin modules were found in, so that a host on the
+same machine (or on a shared file system) finds them too.
 
 Every failure is one `ConfigError` line: a module that cannot be imported (its exception's
 type and first line, no traceback), or a registration that breaks a registry's contract (the
@@ -34,6 +37,8 @@ from raymtl.errors import ConfigError, one_line
 
 # entry (a module name, or a file's resolved path) -> the module it loaded
 _LOADED: dict[str, ModuleType] = {}
+# entry -> the sha256 of the module's source when it was loaded (`source_digest`)
+_DIGEST: dict[str, str] = {}
 # module name -> the entry as the experiment names it (what `raymtl list` shows)
 _ENTRY_OF_MODULE: dict[str, str] = {}
 # folders the plugin modules were found in, in the order they were first seen
@@ -79,10 +84,13 @@ def load_plugin(entry: str, search_paths: tuple[str, ...] = ()) -> ModuleType:
     if not isinstance(entry, str) or not entry.strip():
         raise ConfigError(f"plugins: {entry!r} is not a module name or a path to a .py file")
     key = str(Path(entry).expanduser().resolve()) if is_path(entry) else entry
-    if key in _LOADED:
-        return _LOADED[key]
+    loaded = _LOADED.get(key)
+    if loaded is not None and source_digest(loaded) == _DIGEST[key]:
+        return loaded
     try:
-        if is_path(entry):
+        if loaded is not None:  # its source changed since: run it again, as it is now
+            module = _reload(loaded)
+        elif is_path(entry):
             module = _import_file(entry, Path(key))
         else:
             module = _import_module(entry, search_paths)
@@ -93,10 +101,49 @@ def load_plugin(entry: str, search_paths: tuple[str, ...] = ()) -> ModuleType:
     except Exception as error:  # anything the module raised while it was imported
         problem = f"{type(error).__name__}: {one_line(error)}"
         raise ConfigError(f"plugins: '{entry}' could not be imported: {problem}") from None
-    _LOADED[key] = module
+    _LOADED[key], _DIGEST[key] = module, source_digest(module)
     _ENTRY_OF_MODULE[module.__name__] = Path(entry).name if is_path(entry) else entry
     _found_in(_root_folder(module))
     return module
+
+
+def source_digest(module: ModuleType) -> str:
+    """sha256 over the module's source: its .py file, or every .py file of its package's
+    folder (sorted by path); '' for a module without files."""
+    file = getattr(module, "__file__", None)
+    if not file:
+        return ""
+    path = Path(file)
+    files = sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path]
+    digest = hashlib.sha256()
+    for source in files:
+        try:
+            digest.update(str(source).encode() + b"\0" + source.read_bytes())
+        except OSError:  # removed since: the digest differs from the one that read it
+            digest.update(str(source).encode() + b"\0missing")
+    return digest.hexdigest()
+
+
+def _reload(module: ModuleType) -> ModuleType:
+    """Run a changed plugin module again under its name; a package's modules are dropped from
+    sys.modules first, so its own imports read their new source too."""
+    name = module.__name__
+    for other in [m for m in sys.modules if m.startswith(f"{name}.")]:
+        del sys.modules[other]
+    importlib.invalidate_caches()
+    folders = getattr(module, "__path__", None)  # a package: its submodules are found there
+    locations = list(folders) if folders is not None else None
+    spec = importlib.util.spec_from_file_location(
+        name, module.__file__, submodule_search_locations=locations
+    )
+    fresh = importlib.util.module_from_spec(spec)
+    sys.modules[name] = fresh
+    try:
+        spec.loader.exec_module(fresh)
+    except BaseException:
+        sys.modules[name] = module  # the old one stays what a failed reload leaves
+        raise
+    return fresh
 
 
 def search_paths() -> tuple[str, ...]:

@@ -5,6 +5,7 @@ cell run again) replaces its entry; other code under a taken name is one line na
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -49,5 +50,17 @@ class Registry(dict[str, Entry], Generic[Entry]):
     def lookup(self, name: str) -> Entry:
         """The entry registered as `name` (one-line ValueError naming the allowed ones)."""
         if name not in self:
-            raise ValueError(f"{self.field}: '{name}' is not one of {', '.join(sorted(self))}")
+            raise ValueError(self.unknown(name))
         return self[name]
+
+    def unknown(self, name: object, field: str | None = None) -> str:
+        """The one line refusing `name`, not registered: the registered names, the one it
+        is a near miss of, and where a plugin's names come from. `field`: the experiment's
+        field it was given in (default this registry's; '' for none: pydantic adds it)."""
+        field = self.field if field is None else field
+        names = sorted(self)
+        close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+        line = f"'{name}' is not one of {', '.join(names)}"
+        line += f" (did you mean {close[0]}?)" if close else ""
+        line += "; a plugin's name is known once its file is listed under `plugins:`"
+        return f"{field}: {line}" if field else line

@@ -1,7 +1,7 @@
 """Pure federated algorithms (torch only; never Ray).
 
 Importing the package imports every module in it, which registers the algorithms
-(`@register`): a new algorithm is a new module, with no list to edit.
+(`@register_algorithm`): a new algorithm is a new module, with no list to edit.
 """
 
 import importlib
@@ -11,7 +11,6 @@ from raymtl.algorithms.registry import (
     all_algorithms,
     check_contract,
     get_algorithm,
-    register,
     register_algorithm,
 )
 
@@ -22,6 +21,5 @@ __all__ = [
     "all_algorithms",
     "check_contract",
     "get_algorithm",
-    "register",
     "register_algorithm",
 ]

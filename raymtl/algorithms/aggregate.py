@@ -32,12 +32,26 @@ KRUM = ("krum", "multi_krum")
 
 
 def by_sender(inbox: list[Message]) -> list[Message]:
-    """Messages in a fixed order (by sender), so sums are order independent."""
+    """Messages in a fixed order (by sender), so sums are order independent.
+
+    Args:
+        inbox: the messages a step received, in any order.
+
+    Returns:
+        The same messages sorted by sender, then kind.
+    """
     return sorted(inbox, key=lambda message: (message.src, message.kind))
 
 
 def is_finite(tensors: dict[str, torch.Tensor]) -> bool:
-    """True when no tensor holds NaN or inf (non-finite updates are never aggregated)."""
+    """True when no tensor holds NaN or inf (non-finite updates are never aggregated).
+
+    Args:
+        tensors: tensors by name (a model, an update).
+
+    Returns:
+        Whether every entry of every tensor is finite.
+    """
     return all(bool(torch.isfinite(t).all()) for t in tensors.values())
 
 
@@ -48,6 +62,13 @@ def weighted_average(
 
     The caller fixes the order of `updates` (sorted by sender) so the float sum
     is the same whatever order the messages arrived in.
+
+    Args:
+        updates: (tensors x_k, weight w_k) pairs, in a fixed order.
+
+    Returns:
+        The weighted mean by name, or None when no update is finite or the weights of the
+        finite ones sum to 0 or less.
     """
     finite = finite_only(updates)
     total = sum(weight for _, weight in finite)
@@ -96,6 +117,19 @@ def combine(
       summed with Gaussian noise and divided by m_t (§9.3); the result is w_t + Δ_t. The
       clip bound lives in `state.extras` (adaptive clipping moves it), under `slot` where
       one aggregator combines several models (IFCA's clusters).
+
+    Args:
+        updates: (model x_k, samples n_k) pairs, in a fixed order (`by_sender`).
+        ctx: the step's context, whose `toolbox` says how to combine; None: the mean by
+            samples.
+        state: the aggregator's state (central DP keeps its clip bound in its extras).
+        reference: w_t, the model the updates were trained from (central DP's updates are
+            taken against it).
+        slot: the name under which `state.extras` keeps this model's clip bound, where one
+            aggregator combines several models.
+
+    Returns:
+        The combined model by name, or None when nothing can be combined.
     """
     toolbox = ctx.toolbox if ctx is not None else DEFAULT_TOOLBOX
     finite = finite_only(updates)
@@ -126,7 +160,18 @@ def server_update(
 ) -> Tensors:
     """w_{t+1} from w_t (`reference`) and the combined models: the experiment's server
     optimiser on Δ_t = combined − w_t (§9.2), its moments kept in `state.extras` (under
-    `slot` where one server keeps several models); without one, `combined` itself."""
+    `slot` where one server keeps several models); without one, `combined` itself.
+
+    Args:
+        state: the server's state, whose extras keep the optimiser's moments.
+        reference: w_t, the server's model before the round.
+        combined: the round's combined models (`combine`).
+        ctx: the step's context, whose `toolbox` names the server optimiser; None: none.
+        slot: the name under which `state.extras` keeps this model's moments.
+
+    Returns:
+        w_{t+1} by name.
+    """
     toolbox = ctx.toolbox if ctx is not None else DEFAULT_TOOLBOX
     settings = toolbox.server_optimizer
     if settings.is_default():

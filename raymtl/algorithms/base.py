@@ -26,7 +26,14 @@ SERVER = "server"
 
 
 def client_name(index: int) -> str:
-    """The participant name of client `index` (message src/dst)."""
+    """The participant name of client `index` (message src/dst).
+
+    Args:
+        index: the client's index, 0..num_clients-1.
+
+    Returns:
+        "client/<index>".
+    """
     return f"client/{index}"
 
 
@@ -52,7 +59,14 @@ def role_of(participant: str) -> str:
 
 
 def index_of(participant: str) -> int:
-    """'client/3' -> 3; roles with a single participant -> 0."""
+    """'client/3' -> 3; roles with a single participant -> 0.
+
+    Args:
+        participant: a participant name ("client/3", "lps/0", "server").
+
+    Returns:
+        The index after the slash; 0 for a name without one.
+    """
     _, _, index = participant.partition("/")
     return int(index) if index else 0
 
@@ -131,17 +145,36 @@ class FederationInfo:
     public_size: int = 0  # samples of the public set (data.public); its indices stay with hosts
 
     def neighbours(self, client: int) -> list[int]:
-        """Peers of `client` in the communication graph (self excluded)."""
+        """Peers of `client` in the communication graph (self excluded).
+
+        Args:
+            client: a client's index.
+
+        Returns:
+            The indices of its peers in `mixing`, sorted.
+        """
         assert self.mixing is not None, "this federation has no peer graph"
         return sorted(j for j in self.mixing[client] if j != client)
 
     def members(self, task: int) -> list[int]:
-        """The clients of task group `task`, in index order."""
+        """The clients of task group `task`, in index order.
+
+        Args:
+            task: a task group, an index into `task_specs`.
+
+        Returns:
+            The indices of the clients whose task is `task`.
+        """
         return [i for i, t in enumerate(self.tasks) if t == task]
 
     def task_kinds(self) -> tuple[int, ...]:
         """Per client, an id of its task's kind (targets, loss, head size): clients of equal
-        kinds can average whole models, whatever their task ids say."""
+        kinds can average whole models, whatever their task ids say.
+
+        Returns:
+            One id per client, numbered 0, 1, ... in order of first appearance; all 0 when
+            the federation has one task.
+        """
         if not self.tasks or not self.task_specs:
             return (0,) * self.num_clients
         kinds = [spec.kind() for spec in self.task_specs]
@@ -149,11 +182,22 @@ class FederationInfo:
         return tuple(ids[kinds[t]] for t in self.tasks)
 
     def task_groups(self) -> list[int]:
-        """The task groups present, in index order."""
+        """The task groups present, in index order.
+
+        Returns:
+            The distinct values of `tasks`, sorted.
+        """
         return sorted(set(self.tasks))
 
     def clients_of_lps(self, lps: int) -> list[int]:
-        """Clients assigned to local parameter server `lps`."""
+        """Clients assigned to local parameter server `lps`.
+
+        Args:
+            lps: the index of a local parameter server ("lps/<lps>").
+
+        Returns:
+            The indices of its clients, in index order.
+        """
         assert self.lps_of_client is not None, "this federation has no LPS"
         return [i for i, k in enumerate(self.lps_of_client) if k == lps]
 
@@ -183,18 +227,31 @@ class StepContext:
         return index_of(self.me)
 
     def record(self, table: str, **row) -> None:
-        """Log a metadata row to `<table>.parquet` of the run (seed and round are added)."""
+        """Log a metadata row to `<table>.parquet` of the run (seed and round are added).
+
+        Args:
+            table: the table's name (the file `<table>.parquet` of the run).
+            **row: the row's columns and values.
+        """
         self.records.append((table, row))
 
     def report(self, **scalars: float | int | bool) -> None:
         """Report scalars of this step (a step's τ, an update norm, a clip flag) to the run's
         `step_metrics.parquet`, one row per call with the participant and the step's round
-        (Flower's fit metrics): `Results.tables["step_metrics"]` reads them."""
+        (Flower's fit metrics): `Results.tables["step_metrics"]` reads them.
+
+        Args:
+            **scalars: the row's columns, name -> number or flag.
+        """
         self.records.append(("step_metrics", {"participant": self.me, **scalars}))
 
     def held_by(self, client: int) -> None:
         """This round, the role running this step is held by `client`: its traffic is that
-        client's in the bit accounting (a task leader is a client with an extra duty)."""
+        client's in the bit accounting (a task leader is a client with an extra duty).
+
+        Args:
+            client: the index of the client holding the role.
+        """
         self.holders[self.me] = int(client)
 
 
@@ -243,6 +300,16 @@ class Algorithm:
     the runtime runs the phases of a round in order and routes each outbox message to its
     destination's inbox. Every other hook below has a default that suits most algorithms;
     the runtime calls them and never probes for a method with `hasattr`.
+
+    A step, `def train(self, state, inbox, ctx)` for a phase `Phase("client", "train")`:
+
+        Args:
+            state: the participant's resident `State` (its model, data and extras).
+            inbox: the messages delivered to it since its role last ran.
+            ctx: the round, the participant (`ctx.me`), the federation and the toolbox.
+
+        Returns:
+            `(state, outbox)`: its new state and the `Message`s it sends.
     `raymtl.algorithms.registry.check_contract` checks a class against this contract when
     it is registered. The maths of the built-in algorithms is in docs/ALGORITHMS.md.
 
@@ -314,6 +381,14 @@ class Algorithm:
     input_refusal: ClassVar[str] = ""
 
     def __init__(self, params: Params, model_factory: ModelFactory | None):
+        """Keep the settings; a subclass that overrides it calls `super().__init__` first.
+
+        Args:
+            params: the validated `algorithm.params`, an instance of the class's `Params`.
+            model_factory: `(participant, num_classes) -> nn.Module`, the seeded model a
+                participant trains; None where no model is ever built (the driver, the
+                resource checks).
+        """
         self.params = params
         # (participant, num_classes) -> the seeded model that participant trains (clients
         # may train different architectures; other roles get `model.name`). None where no
@@ -325,6 +400,16 @@ class Algorithm:
 
         Each `Phase(role, step, who)` names a method of this class; `who` is "all"
         participants of the role, the round's "sampled" clients, or those with an "inbox".
+
+        Args:
+            round_index: the round, 1-based.
+            rounds: the number of rounds of the run.
+
+        Returns:
+            The round's phases, in the order they run.
+
+        Raises:
+            NotImplementedError: the base class's; every subclass defines it.
         """
         raise NotImplementedError(f"{type(self).__name__} does not define phases()")
 
@@ -333,6 +418,14 @@ class Algorithm:
 
         Default: a client gets its model from the factory and its private `data`
         (`data.num_classes` outputs); any other role starts empty.
+
+        Args:
+            participant: the participant's name.
+            data: a client's private data (`ClientData`); None for other roles.
+            federation: the static shape of the federation.
+
+        Returns:
+            The participant's state before its first step.
         """
         if role_of(participant) == "client":
             return State(model=self.model_factory(participant, data.num_classes), data=data)
@@ -342,13 +435,24 @@ class Algorithm:
         """The model a client is evaluated with after each round. Default: `state.model`
         (pFedMe evaluates its personal model instead). An algorithm that overrides it
         (`evaluates_its_own_model`) has every client evaluated alone, with the model it
-        returns; otherwise clients that hold the same weights are evaluated together."""
+        returns; otherwise clients that hold the same weights are evaluated together.
+
+        Args:
+            state: the client's state after the round.
+
+        Returns:
+            The model to evaluate on the client's test split.
+        """
         return state.model
 
     @classmethod
     def evaluates_its_own_model(cls) -> bool:
         """Whether `eval_model` is overridden (see there): True for Ditto, pFedMe and
-        Per-FedAvg, which evaluate a personal or adapted model."""
+        Per-FedAvg, which evaluate a personal or adapted model.
+
+        Returns:
+            True when a subclass defines `eval_model`.
+        """
         return defining_class(cls, "eval_model") is not Algorithm
 
     def batched_step(self, phase: Phase) -> str | None:
@@ -359,6 +463,12 @@ class Algorithm:
         `phase.step` or a subclass of it: a subclass that changes the step alone (FedProx's
         `train`, under FedAvg's phases) runs it client by client, never its parent's
         batched method.
+
+        Args:
+            phase: a client phase of this algorithm.
+
+        Returns:
+            The name of the batched method, or None.
         """
         if phase.batched is None:
             return None
@@ -370,7 +480,14 @@ class Algorithm:
 
     def state_size(self, model: nn.Module) -> int:
         """d_i: the size of a client's state as `persistent_bytes` counts it.
-        Default: the model's number of parameters."""
+        Default: the model's number of parameters.
+
+        Args:
+            model: a client's model.
+
+        Returns:
+            d_i, in numbers (not bytes).
+        """
         return sum(parameter.numel() for parameter in model.parameters())
 
     def persistent_bytes(self, dims: list[int], federation: FederationInfo) -> list[int] | None:
@@ -379,25 +496,56 @@ class Algorithm:
         runtime.memory_budget before any actor starts (naming `memory_knobs`).
 
         Default None: nothing beyond the model, and the runtime skips the check.
+
+        Args:
+            dims: every client's `state_size`, in client order.
+            federation: the static shape of the federation.
+
+        Returns:
+            Per client, the bytes it keeps beyond its model; or None.
         """
         return None
 
     def check_resources(self, federation: FederationInfo, memory_budget: float) -> None:
         """Refuse (a one-line ValueError naming the setting to change) a federation whose
         messages or server state would not fit; called before any actor starts, with the
-        run's memory budget in bytes. Default: accept."""
+        run's memory budget in bytes. Default: accept.
+
+        Args:
+            federation: the static shape of the federation.
+            memory_budget: runtime.memory_budget, in bytes.
+
+        Raises:
+            ValueError: one line naming the setting to change, where it does not fit.
+        """
 
     def uplink_reference(self, message: Message, inbox: list[Message]) -> dict | None:
         """For "uplink" (`toolbox`): the tensors a client's update in `message` is taken
         against — what it started from this round, which its aggregator holds too. Default
         None: the tensors of the same names in its step's `inbox`, else its model before
-        the step (runtime/hosts/uplink.py). IFCA names the cluster model it picked."""
+        the step (runtime/hosts/uplink.py). IFCA names the cluster model it picked.
+
+        Args:
+            message: a message of `uplink_kinds` a client sends up.
+            inbox: the inbox of the step that sent it.
+
+        Returns:
+            The reference tensors by name, or None for the default.
+        """
         return None
 
     def rehost(self, participant: str, state: State) -> State:
         """`participant` restarts on a new host after its host was lost; `state` is its
         fresh `init_state`. Default: unchanged. ColNet's task leaders pass the role to
-        the next member of the group."""
+        the next member of the group.
+
+        Args:
+            participant: the participant's name.
+            state: its fresh `init_state`.
+
+        Returns:
+            The state it restarts with.
+        """
         return state
 
 

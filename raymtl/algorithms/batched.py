@@ -45,7 +45,10 @@ parameters, buffers and losses, is what the tests hold them to after two epochs 
 models. It is not a bound: where the serial float32 training is itself ill-conditioned
 (many steps on noise; a ResNet whose last stages normalise 1x1 maps of a few samples),
 rounding grows, and the batched result is about as far from the serial one as the serial
-one is from the same training in float64.
+one is from the same training in float64. `rounding_tolerance` gives the gap a whole run
+may show, from the dtype's epsilon and the sums its steps make; in float64 the two paths
+agree to float64 rounding (tests/integration/test_batched_rounding.py; the gaps measured on
+gpu_check's `batch_clients 4 = 1` case are in benchmarks/RESULTS.md, "Batched rounding").
 
 `batch_refusal` says, in one line, why some clients cannot train together (None when they
 can; `can_batch` is "refusal is None"): different classes, layouts, sample counts, losses
@@ -92,6 +95,8 @@ Tensors = dict[str, torch.Tensor]
 # Absolute tolerance of the batched path against the serial one in float32 (parameters, BN
 # buffers, losses): rounding of reordered sums, see the module docstring.
 TOLERANCE = 1e-5
+# Layers whose sums `step_sums` counts (batch norms: BATCHED_NORMS).
+SUMMING_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 # Norm layers whose running statistics train batched (passed in as batched buffers).
 BATCHED_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 # Devices whose global generator the dropout masks are drawn under (get/set_rng_state).
@@ -266,6 +271,62 @@ def batched_equals_serial(
             (value - theirs[name]).abs().max().item() for name, value in one.state_dict().items()
         ]
     return max(gaps)
+
+
+def step_sums(model: nn.Module, x: torch.Tensor) -> list[int]:
+    """The lengths of the sums one training step on batch `x` makes in `model`'s
+    convolutions, linear layers and batch norms, forward and backward: a convolution or
+    linear layer sums C_in/groups·k (its output), C_out/groups·k (the input's gradient)
+    and N·H·W (the weight's gradient; N rows for a linear layer); a batch norm sums N·H·W
+    values four times (mean and variance; the two sums of its backward). Shapes come from
+    one pass on the meta device (nothing is computed)."""
+    skeleton, sums = _meta_copy(model).train(), []
+
+    def note(module, inputs, output) -> None:
+        if isinstance(module, BATCHED_NORMS):
+            sums.extend([inputs[0].numel() // inputs[0].shape[1]] * 4)
+        elif isinstance(module, nn.Linear):
+            rows = output.numel() // output.shape[-1]
+            sums.extend([module.in_features, module.out_features, rows])
+        else:
+            kernel = math.prod(module.kernel_size)
+            sums.append(module.in_channels // module.groups * kernel)
+            sums.append(module.out_channels // module.groups * kernel)
+            sums.append(output.shape[0] * math.prod(output.shape[2:]))
+
+    hooks = [
+        module.register_forward_hook(note)
+        for module in skeleton.modules()
+        if isinstance(module, (*SUMMING_LAYERS, *BATCHED_NORMS))
+    ]
+    try:
+        with torch.no_grad(), paused():
+            skeleton(torch.empty_like(x, device="meta"))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sums
+
+
+def rounding_tolerance(
+    model: nn.Module, x: torch.Tensor, steps: int, scale: float = 1.0, dtype=torch.float32
+) -> float:
+    """The absolute gap two correct trainings of `model` in `dtype` may show after `steps`
+    SGD steps on batches like `x` (batched against serial; one CPU's kernels against
+    another's), in a figure of magnitude `scale` (a loss):
+
+        2 · ε · max(1, scale) · steps · Σ_s √n_s
+
+    ε is the dtype's machine epsilon (float32: 2^-23 ≈ 1.19e-7); n_s the length of each sum
+    a step makes (`step_sums`). Rounding a sum of n terms errs by about √n·ε of its size
+    (Higham & Mary's probabilistic bound; n·ε at worst); the errors of a step's sums add up,
+    and so do the steps'; each run is that far from the exact result, so two runs are twice
+    as far apart. A first-order model, not a worst-case bound: it holds for the few steps of
+    a check (resnet8 in gpu_check: 3.2e-3 against a largest gap of 1.3e-4 measured between
+    float32 runs on different kernels), not for long runs, where a batch norm's
+    amplification of rounding compounds round after round."""
+    depth = sum(math.sqrt(n) for n in step_sums(model, x))
+    return 2 * torch.finfo(dtype).eps * max(1.0, scale) * steps * depth
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from raymtl.algorithms.base import (
     leader_name,
 )
 from raymtl.algorithms.hca import conflict_averse_update
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import derive_seed, load_tensors, model_tensors, train_local_model
 
 BACKBONE = ("backbone.",)
@@ -101,7 +101,7 @@ def next_holder(members: list[int], holder: int, seed: int, round_index: int, gr
     return others[int(torch.randint(len(others), (1,), generator=generator))]
 
 
-@register
+@register_algorithm
 class IntraGroup(Algorithm):
     """Clients average their backbones within their task group only (ColNet's steps 1–2)."""
 
@@ -145,7 +145,7 @@ class IntraGroup(Algorithm):
         return []
 
 
-@register
+@register_algorithm
 class ColNet(IntraGroup):
     name = "colnet"
     combines_otherwise = "task leaders combine the groups' backbones by HCA (conflict-averse)"
@@ -260,7 +260,7 @@ class ColNet(IntraGroup):
         return state, []
 
 
-@register
+@register_algorithm
 class FedPerIC(ColNet):
     name = "fedper_ic"
     combines_otherwise = "task leaders combine the groups' backbones by HCA (conflict-averse)"

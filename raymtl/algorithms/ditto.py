@@ -34,7 +34,7 @@ from torch import nn
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message, State
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.local_layers import WholeModelParams
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
     derive_seed,
     load_received,
@@ -89,7 +89,7 @@ def personal_step(
     ).loss
 
 
-@register
+@register_algorithm
 class Ditto(FedAvg):
     """FedAvg's round (broadcast → train → aggregate); the client also trains its v_k."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from raymtl.algorithms.aggregate import by_sender, weighted_average
 from raymtl.algorithms.base import Algorithm, Message, Phase, client_name, index_of
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import load_tensors, model_tensors, train_local_model
 
 
@@ -27,7 +27,7 @@ def mix(own: dict, own_weight: float, inbox: list[Message], weights: dict[int, f
     return weighted_average(updates)
 
 
-@register
+@register_algorithm
 class DPSGD(Algorithm):
     name = "dpsgd"
     combines_otherwise = "each client mixes its neighbours' models by the graph's weights"

@@ -25,8 +25,6 @@ Local: every client trains on its own data only; nothing is transmitted.
 
 from __future__ import annotations
 
-import logging
-
 from raymtl.algorithms.aggregate import by_sender, combine, server_update
 from raymtl.algorithms.base import (
     EVERY_CLIENT,
@@ -46,7 +44,7 @@ from raymtl.algorithms.local_layers import (
     round_params,
     shared_tensors,
 )
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
     load_received,
     load_tensors,
@@ -54,10 +52,8 @@ from raymtl.algorithms.training import (
     train_local_model,
 )
 
-log = logging.getLogger(__name__)
 
-
-@register
+@register_algorithm
 class FedAvg(Algorithm):
     name = "fedavg"
     summary = "FedAvg: sample-weighted model averaging on a server (McMahan et al. 2017)"
@@ -152,7 +148,7 @@ class FedAvg(Algorithm):
         load_tensors(state.model, average)
 
 
-@register
+@register_algorithm
 class Local(Algorithm):
     name = "local"
     combines_otherwise = "every client trains alone: nothing is combined"

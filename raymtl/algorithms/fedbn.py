@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.local_layers import BATCHNORM, WholeModelParams
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 
 
 class FedBNParams(WholeModelParams):
@@ -49,7 +49,7 @@ class FedBNParams(WholeModelParams):
         return self
 
 
-@register
+@register_algorithm
 class FedBN(FedAvg):
     """FedAvg's round with the batch-norm layers (`local_layers`) kept by the clients."""
 

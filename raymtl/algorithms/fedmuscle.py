@@ -46,7 +46,7 @@ from raymtl.algorithms.muscle import (
     pairwise_infonce,
     tuple_targets,
 )
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import derive_seed, sample_size, train_local_model
 
 MIB = 2**20
@@ -203,7 +203,7 @@ class RepresentationAlignment(Algorithm):
             )
 
 
-@register
+@register_algorithm
 class FedMuscle(RepresentationAlignment):
     name = "fedmuscle"
     combines_otherwise = "clients align representations on public data; no model is averaged"
@@ -237,7 +237,7 @@ class PairwiseParams(FedMuscleParams):
     partners: int | None = Field(None, ge=1, description="partners per anchor; null = all")
 
 
-@register
+@register_algorithm
 class PairwiseInfoNCE(RepresentationAlignment):
     name = "pairwise_infonce"
     combines_otherwise = "clients align representations on public data; no model is averaged"

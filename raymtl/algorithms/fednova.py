@@ -57,7 +57,7 @@ from raymtl.algorithms.base import (
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.fedprox import fedprox_sgd
 from raymtl.algorithms.local_layers import WholeModelParams
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
     derive_seed,
     load_received,
@@ -148,7 +148,7 @@ def normalised_models(
     return normalised, tau_eff
 
 
-@register
+@register_algorithm
 class FedNova(FedAvg):
     """FedAvg's round; clients also send ‖a_k‖₁, the server normalises before combining."""
 

@@ -33,7 +33,7 @@ from torch import nn
 from raymtl.algorithms.base import SERVER, LocalTrainingParams, Message, State, StepContext
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.local_layers import WholeModelParams
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import LocalRun, derive_seed, load_received, local_sgd
 from raymtl.tasks.objectives import task_loss
 
@@ -99,7 +99,7 @@ def fedprox_sgd(
     return LocalRun(mean, len(task_losses))
 
 
-@register
+@register_algorithm
 class FedProx(FedAvg):
     """FedAvg's round (broadcast → train → aggregate) with FedProx's local solver."""
 

@@ -41,7 +41,7 @@ from raymtl.algorithms.base import (
     index_of,
 )
 from raymtl.algorithms.fedavg import FedAvg
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import derive_seed, load_received, local_sgd, model_tensors
 
 BODY, HEAD = "backbone.", "head."
@@ -110,7 +110,7 @@ def fedrep_train(model: nn.Module, data, params: FedRepParams, seed: int) -> tup
     return losses[0], losses[1]
 
 
-@register
+@register_algorithm
 class FedRep(FedAvg):
     """FedAvg's round (broadcast → train → aggregate) over the body only."""
 

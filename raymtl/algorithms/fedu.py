@@ -40,7 +40,7 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
     derive_seed,
     load_received,
@@ -85,7 +85,9 @@ def similarity_matrix(params: FedUParams, num_clients: int, seed: int) -> np.nda
 
 
 # Reaching one entry of the random a_kl by PCG64.advance costs about as much as drawing 250
-# entries of the whole N×N matrix: fewer entries than N²/250 are reached one by one.
+# entries in one call: a row's entries are drawn as one span when the span is shorter than
+# 250 per entry needed, else reached one by one; the whole N×N matrix is drawn only when
+# that is cheaper still (`draws_needed` ≥ N²: every client of a small federation).
 DRAWS_PER_ENTRY = 250
 
 
@@ -94,38 +96,86 @@ def similarity_rows(
 ) -> dict[int, dict[int, float]]:
     """{k: {l: a_kl}} for k in `rows`, l ≠ k in `columns`: entries of `similarity_matrix`.
 
-    The random a_kl are reached one by one when far fewer than N² are needed (dFedU: one
-    row per client and round; FedU: |S_t|² of a large N), bit for bit the same values.
+    Never builds the N×N matrix when far fewer entries are needed (dFedU: one row per client
+    and round; FedU: |S_t|² of a large N): `ones` needs none, and the random a_kl are read
+    from their places in the seeded stream, bit for bit the same values.
     """
-    pairs = [(k, l_) for k in rows for l_ in columns if l_ != k]
-    if params.similarity == "random" and len(pairs) * DRAWS_PER_ENTRY < num_clients**2:
-        values = random_entries(num_clients, seed, pairs, params.threshold)
+    row_ids, column_ids = np.asarray(rows, dtype=np.int64), np.asarray(columns, dtype=np.int64)
+    if params.similarity == "ones":
+        block = np.ones((len(rows), len(columns)))
     else:
-        a = similarity_matrix(params, num_clients, seed)
-        values = [float(a[k, l_]) for k, l_ in pairs]
-    out: dict[int, dict[int, float]] = {k: {} for k in rows}
-    for (k, l_), value in zip(pairs, values, strict=True):
-        out[k][l_] = value
+        needed = needed_rows(row_ids, column_ids)
+        if params.similarity == "random" and draws_needed(needed) < num_clients**2:
+            block = random_block(num_clients, seed, row_ids, column_ids, needed, params.threshold)
+        else:
+            block = similarity_matrix(params, num_clients, seed)[np.ix_(row_ids, column_ids)]
+    out: dict[int, dict[int, float]] = {}
+    for k, values in zip(rows, block.tolist(), strict=True):
+        out[k] = dict(zip(columns, values, strict=True))
+        out[k].pop(k, None)
     return out
 
 
-def random_entries(
-    num_clients: int, seed: int, pairs: list[tuple[int, int]], threshold: float
-) -> list[float]:
-    """random_similarity's entries at `pairs`, without drawing the matrix.
+def needed_rows(rows: np.ndarray, columns: np.ndarray) -> dict[int, np.ndarray]:
+    """{i: the sorted j > i} of the upper-triangle entries (i, j) that rows × columns read:
+    (k, l) for k in rows, l in columns, k ≠ l, is entry (min, max)."""
+    row_set, column_set = set(rows.tolist()), set(columns.tolist())
+    sorted_rows, sorted_columns = np.unique(rows), np.unique(columns)
+    needed = {}
+    for i in sorted(row_set | column_set):
+        later = []
+        if i in row_set:
+            later.append(sorted_columns[np.searchsorted(sorted_columns, i, side="right") :])
+        if i in column_set:
+            later.append(sorted_rows[np.searchsorted(sorted_rows, i, side="right") :])
+        wanted = np.unique(np.concatenate(later))
+        if wanted.size:
+            needed[i] = wanted
+    return needed
+
+
+def draws_needed(needed: dict[int, np.ndarray]) -> int:
+    """What `random_block` costs, in draws: per row, its span or DRAWS_PER_ENTRY a value."""
+    return sum(min(int(js[-1] - js[0]) + 1, DRAWS_PER_ENTRY * len(js)) for js in needed.values())
+
+
+def random_block(
+    num_clients: int,
+    seed: int,
+    rows: np.ndarray,
+    columns: np.ndarray,
+    needed: dict[int, np.ndarray],
+    threshold: float,
+) -> np.ndarray:
+    """random_similarity's rows × columns block (a_kk = 0), without drawing the matrix.
 
     Entry (i, j), i < j, is draw i·N + j of the seeded PCG64 stream (uniform(0, 1) takes one
-    64-bit draw per value, row-major), which PCG64.advance reaches in O(log) steps.
+    64-bit draw per value, row-major), which PCG64.advance reaches in O(log) steps. Per row
+    i, the columns j > i `needed` are drawn as one span [first, last] when it is short
+    enough, else reached one by one; (i, j) and (j, i) are the same draw, made once, into a
+    symmetric matrix over the clients involved that the block is cut from.
     """
+    clients = np.union1d(rows, columns)
+    place = {int(c): p for p, c in enumerate(clients.tolist())}
+    upper = np.zeros((len(clients), len(clients)))
     generator = np.random.PCG64(derive_seed(seed, "fedu-similarity"))
     start = generator.state
-    values = []
-    for k, l_ in pairs:
-        generator.state = start
-        generator.advance(min(k, l_) * num_clients + max(k, l_))
-        value = float(np.random.Generator(generator).uniform(0.0, 1.0))
-        values.append(value if value >= threshold else 0.0)
-    return values
+    for i, js in needed.items():
+        first, span = int(js[0]), int(js[-1] - js[0]) + 1
+        if span <= DRAWS_PER_ENTRY * len(js):
+            generator.state = start
+            generator.advance(i * num_clients + first)
+            values = np.random.Generator(generator).uniform(0.0, 1.0, size=span)[js - first]
+        else:
+            values = np.empty(len(js))
+            for n, j in enumerate(js.tolist()):
+                generator.state = start
+                generator.advance(i * num_clients + j)
+                values[n] = np.random.Generator(generator).uniform(0.0, 1.0)
+        upper[place[i], np.searchsorted(clients, js)] = values
+    full = upper + upper.T
+    full[full < threshold] = 0.0
+    return full[np.ix_(np.searchsorted(clients, rows), np.searchsorted(clients, columns))]
 
 
 # Values per stacked block (columns × block width): 4 MiB of float32, reused from block to
@@ -235,7 +285,7 @@ def mix_block(matrix: torch.Tensor, block: torch.Tensor, own: list[int], out: to
         out[readers] += matrix[readers, c : c + 1] * block[c]
 
 
-@register
+@register_algorithm
 class FedU(Algorithm):
     name = "fedu"
     combines_otherwise = "a Laplacian step over the clients' similarity weights"
@@ -269,7 +319,7 @@ class FedU(Algorithm):
         return state, []
 
 
-@register
+@register_algorithm
 class DFedU(Algorithm):
     name = "dfedu"
     combines_otherwise = "a Laplacian step over the peer graph's weights"

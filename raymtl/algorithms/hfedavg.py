@@ -36,7 +36,7 @@ from raymtl.algorithms.hierarchy import (
     shape_average,
     signature,
 )
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import load_received, model_tensors, train_local_model
 
 
@@ -54,7 +54,7 @@ def lps_samples(federation, lps: int) -> int:
     return sum(federation.samples[i] for i in federation.clients_of_lps(lps))
 
 
-@register
+@register_algorithm
 class HFedAvg(CommonLayers, Algorithm):
     name = "hfedavg"
     toolbox = ("aggregation", "uplink")  # LPS and GPS means; DP and optimisers: star only

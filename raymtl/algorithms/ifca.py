@@ -47,7 +47,7 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
     derive_seed,
     evaluate,
@@ -137,7 +137,7 @@ def cluster_averages(
     return averages
 
 
-@register
+@register_algorithm
 class IFCA(Algorithm):
     name = "ifca"
     summary = (

@@ -49,7 +49,7 @@ from raymtl.algorithms.hierarchy import (
     shape_average,
     signature,
 )
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import derive_seed, load_received, model_tensors, train_local_model
 from raymtl.data.features import feature_map
 from raymtl.graph import clustering as hac
@@ -78,7 +78,7 @@ def lps_of(labels) -> list[int]:
     return [int(label) for label in hac.canonical_labels(labels)]
 
 
-@register
+@register_algorithm
 class OneShotHFL(CommonLayers, Algorithm):
     name = "oneshot_hfl"
     toolbox = ("aggregation", "uplink")  # LPS and GPS means; DP and optimisers: star only

@@ -48,7 +48,7 @@ from torch import nn
 
 from raymtl.algorithms.base import SERVER, Message, Params, State
 from raymtl.algorithms.fedavg import FedAvg
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import derive_seed, load_received, model_tensors
 from raymtl.tasks.objectives import task_loss
 
@@ -161,7 +161,7 @@ def adapted_model(model: nn.Module, data, alpha: float, batch_size: int) -> nn.M
     return adapted
 
 
-@register
+@register_algorithm
 class PerFedAvg(FedAvg):
     """FedAvg's round (broadcast → train → aggregate) with MAML local steps."""
 

@@ -24,7 +24,7 @@ from torch import nn
 from raymtl.algorithms.base import SERVER, Message
 from raymtl.algorithms.fedavg import FedAvg
 from raymtl.algorithms.local_layers import WholeModelParams
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import derive_seed, load_received, load_tensors, model_tensors
 
 
@@ -87,7 +87,7 @@ def pfedme_train(local: nn.Module, data, params: PFedMeParams, seed: int) -> nn.
     return personal
 
 
-@register
+@register_algorithm
 class PFedMe(FedAvg):
     """FedAvg's round (broadcast → train → aggregate) with pFedMe's client and server steps."""
 

@@ -1,13 +1,13 @@
 """The one place where algorithm names map to algorithm classes.
 
-    @register
+    @register_algorithm
     class FedAvg(Algorithm):
         name = "fedavg"
         ...
 
 Everything else (config validation, the CLI's `list`, the runtime hosts) looks
 algorithms up here, so adding an algorithm never touches an if/elif chain.
-`register` checks the class against the contract of `Algorithm` first
+`register_algorithm` checks the class against the contract of `Algorithm` first
 (`check_contract`), so a broken plugin fails where it is defined, in one line.
 `algorithm_params` and `build_algorithm` make an algorithm from an experiment's settings: what
 a plugin's `Params` or constructor raises there is one line naming the class and the settings.
@@ -33,19 +33,34 @@ from raymtl.registry import Registry, identity
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm.name")
 
 
-def register(cls: type[Algorithm]) -> type[Algorithm]:
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     """Class decorator: check `cls` against the contract, then make it available under
     `cls.name`. Re-running the module that defines it (a plugin imported again) replaces
-    the entry; another class under a taken name is refused."""
+    the entry; another class under a taken name is refused.
+
+    Args:
+        cls: an `Algorithm` subclass with a `name` of its own (`algorithm.name`).
+
+    Returns:
+        `cls` itself, registered.
+
+    Raises:
+        ValueError: one line naming `cls`, when it breaks the contract (`check_contract`) or
+            its name is another class's.
+    """
     check_contract(cls)
     return ALGORITHMS.add(cls.name, cls)
 
 
-register_algorithm = register
-
-
 def check_contract(cls: type) -> None:
-    """Raise a one-line ValueError naming `cls` and what breaks the `Algorithm` contract."""
+    """Raise a one-line ValueError naming `cls` and what breaks the `Algorithm` contract.
+
+    Args:
+        cls: the class to check (anything: a non-class is refused too).
+
+    Raises:
+        ValueError: `algorithm class <module.Class>: <what breaks the contract>`.
+    """
     where = f"algorithm class {identity(cls)}"
     problem = _contract_problem(cls)
     if problem:

@@ -55,7 +55,7 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import (
     LocalRun,
     LossHook,
@@ -156,7 +156,7 @@ def server_control(
     }
 
 
-@register
+@register_algorithm
 class Scaffold(Algorithm):
     name = "scaffold"
     summary = "SCAFFOLD: local steps corrected by control variates (Karimireddy et al. 2020)"

@@ -39,7 +39,7 @@ from raymtl.algorithms.base import (
     index_of,
 )
 from raymtl.algorithms.fedu import laplacian_step
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import derive_seed, load_tensors, local_sgd, model_tensors
 from raymtl.graph.communities import detect_communities, modularity
 from raymtl.graph.similarity import similarity_graph, view_from_payload
@@ -162,7 +162,7 @@ def record_graph(ctx, graph, labels, views, quality: float) -> None:
             )
 
 
-@register
+@register_algorithm
 class SFMTLGraph(Algorithm):
     name = "sfmtl_graph"
     combines_otherwise = "graph-weighted mixing within each community"

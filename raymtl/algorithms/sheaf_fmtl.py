@@ -40,6 +40,14 @@ and rank-one updates are this step's own maths, outside module calls, so each ad
 
 Memory: `persistent_bytes` gives each client's maps, checked against runtime.memory_budget
 before any actor starts. The steps allocate only d_i- and d_ij-vectors beside the maps.
+
+Precision: θ, the maps and every product of them are float32 CPU tensors, and the map maths
+runs outside autocast (`float32_maths`), also under runtime.precision bf16-mixed, where only
+the local SGD of step 1 computes in bfloat16: the θ- and map-steps are fp32's, bit for bit,
+and P_ij θ_i travels in float32 (2 × 32 × d_ij bits per edge and round, as above). Under
+autocast each map product would cast the d_ij × d_i map to bfloat16 first (a pass over the
+map the float32 product does not make: the θ-step took about twice fp32's time) and send
+P_ij θ_i in bfloat16.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ from raymtl.algorithms.base import (
     client_name,
     index_of,
 )
-from raymtl.algorithms.registry import register
+from raymtl.algorithms.registry import register_algorithm
 from raymtl.algorithms.training import derive_seed, load_tensors, local_sgd, model_tensors
 from raymtl.flops import add_flops
 from raymtl.tasks.objectives import task_loss
@@ -105,6 +113,12 @@ def draw_map(rows: int, cols: int, std: float, seed: int) -> torch.Tensor:
     return values.normal_(0.0, std, generator=generator)
 
 
+def float32_maths():
+    """The map maths in float32 whatever runtime.precision: autocast off on the CPU, where θ
+    (model_tensors' CPU copies) and the maps live."""
+    return torch.autocast("cpu", enabled=False)
+
+
 def product_flops(matrix: torch.Tensor) -> int:
     """FLOPs of a product of a d_ij × d_i map with a vector, or of its rank-one update:
     a multiply and an add per entry. Counted by hand (raymtl/flops.py `add_flops`): the map
@@ -122,7 +136,7 @@ def l2_loss(l2: float, task):
     return loss
 
 
-@register
+@register_algorithm
 class SheafFMTL(Algorithm):
     name = "sheaf_fmtl"
     combines_otherwise = "a sheaf-Laplacian step through each pair's restriction maps"
@@ -215,7 +229,8 @@ class SheafFMTL(Algorithm):
     def projections(self, state, ctx, theta: torch.Tensor) -> list[Message]:
         """Send P_ij θ_i to every neighbour j, and keep it for the next step's gaps."""
         maps = state.extras["maps"]
-        sent = {j: maps[j] @ theta for j in sorted(maps)}
+        with float32_maths():
+            sent = {j: maps[j] @ theta for j in sorted(maps)}
         add_flops(sum(product_flops(maps[j]) for j in sent))
         state.extras[SENT] = (ctx.round, sent)
         return [Message(ctx.me, client_name(j), VALUE, {VALUE: value}) for j, value in sent.items()]
@@ -245,8 +260,9 @@ class SheafFMTL(Algorithm):
                 j = index_of(message.src)
                 if j not in sent:
                     add_flops(product_flops(maps[j]))
-                mine = sent[j] if j in sent else maps[j] @ theta
-                out[j] = mine - theirs
+                with float32_maths():
+                    mine = sent[j] if j in sent else maps[j] @ theta
+                out[j] = mine - theirs.to(mine.dtype)
         return out
 
     def theta_step(self, state, inbox, ctx):
@@ -254,7 +270,8 @@ class SheafFMTL(Algorithm):
         maps = state.extras["maps"]
         gradient = torch.zeros_like(theta)
         for j, gap in self.disagreements(state, inbox, ctx, theta).items():
-            gradient += maps[j].T @ gap
+            with float32_maths():
+                gradient += maps[j].T @ gap
             add_flops(product_flops(maps[j]))
         theta = theta - self.params.lr * self.params.lam * gradient
         self.load_flat(state.model, theta)
@@ -266,7 +283,8 @@ class SheafFMTL(Algorithm):
         for j, gap in self.disagreements(state, inbox, ctx, theta).items():
             # In place, rank one (BLAS ger): no d_ij × d_i temporary, which for two large
             # models would double the memory of their map for a moment.
-            state.extras["maps"][j].addr_(gap, theta, alpha=-step)
+            with float32_maths():
+                state.extras["maps"][j].addr_(gap, theta, alpha=-step)
             add_flops(product_flops(state.extras["maps"][j]))
         for j, matrix in sorted(state.extras["maps"].items()):
             ctx.record("maps", i=ctx.index, j=j, norm=float(torch.linalg.matrix_norm(matrix)))

@@ -9,7 +9,6 @@ uninterrupted one exactly.
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import warnings
 from collections.abc import Callable, Collection, Sequence
@@ -24,13 +23,19 @@ from raymtl.tasks.objectives import build_optimizer, evaluate_task, task_loss
 from raymtl.tasks.spec import OptimizerSpec, TaskSpec
 from raymtl.toolbox.sample_level import active as sample_level_active
 
-log = logging.getLogger(__name__)
-
 LossHook = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def derive_seed(*parts: object) -> int:
-    """A stable 63-bit seed from any printable parts (independent of PYTHONHASHSEED)."""
+    """A stable 63-bit seed from any printable parts (independent of PYTHONHASHSEED).
+
+    Args:
+        *parts: values whose `str` names the draw (the run's seed, the round, the
+            participant, a purpose).
+
+    Returns:
+        A seed in 0..2^63-1, the same for the same parts in every process.
+    """
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
@@ -77,6 +82,19 @@ def local_sgd(
     run is added to the scope for the client's ε. Opacus privatises the gradients of the
     model's layers: a loss hook's terms on the parameters themselves (a proximal term) do
     not reach the private gradient.
+
+    Args:
+        model: the model to train, in place.
+        train_x: the training inputs.
+        train_y: the training targets.
+        params: the local SGD settings (epochs, lr, batch_size, momentum, ...).
+        seed: seeds the batch order and the dropout draws.
+        loss_fn: `loss_fn(model, x, y) -> loss`; None: the task's loss.
+        task: the client's task (its loss and optimiser); None: cross-entropy and SGD.
+        max_steps: the most optimiser steps to run; None: every batch of every epoch.
+
+    Returns:
+        The mean batch loss and the number of steps run (`LocalRun`).
     """
     if loss_fn is None:
         loss_fn = lambda net, x, y: task_loss(task, net(x), y)  # noqa: E731
@@ -129,7 +147,17 @@ def sgd_epochs(model, train_x, train_y, params, loss_fn, optimizer, order_rng, m
 def evaluate(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: TaskSpec | None = None
 ) -> dict:
-    """Mean loss and the task's metrics (without a task: cross-entropy and accuracy)."""
+    """Mean loss and the task's metrics (without a task: cross-entropy and accuracy).
+
+    Args:
+        model: the model to evaluate.
+        x: the inputs.
+        y: the targets.
+        task: the task whose loss and metrics are computed; None: classification.
+
+    Returns:
+        The mean loss and each metric, by name.
+    """
     return evaluate_task(model, x, y, task)
 
 
@@ -137,6 +165,13 @@ def model_tensors(model: nn.Module, prefixes: Sequence[str] | None = None) -> di
     """The model's floating-point state (parameters and float buffers), detached CPU copies.
 
     `prefixes` keeps only the entries whose name starts with one of them.
+
+    Args:
+        model: the model to copy.
+        prefixes: keep only the entries whose name starts with one of them; None: all.
+
+    Returns:
+        The copies by state_dict name.
     """
     return {
         # CPU copies: messages travel through the (host-memory) object store.
@@ -148,7 +183,12 @@ def model_tensors(model: nn.Module, prefixes: Sequence[str] | None = None) -> di
 
 
 def load_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Overwrite the named entries of the model's state (others untouched)."""
+    """Overwrite the named entries of the model's state (others untouched).
+
+    Args:
+        model: the model to load into, in place.
+        tensors: tensors by state_dict name.
+    """
     state = model.state_dict()
     for name, value in tensors.items():
         state[name].copy_(value)
@@ -164,6 +204,11 @@ def load_received(
     models. An inbox that also brings other tensors under the parameters' names (SCAFFOLD's
     control variate beside the global model) names the model's kind, e.g. "global_model";
     messages of other kinds are then left alone.
+
+    Args:
+        model: the model to load into, in place.
+        inbox: the step's received messages.
+        kinds: the kind, or kinds, of the messages to load; None: every message.
     """
     wanted = (kinds,) if isinstance(kinds, str) else kinds
     for message in inbox:
@@ -173,7 +218,17 @@ def load_received(
 
 def train_local_model(state: State, ctx, params) -> LocalRun:
     """One round of plain local SGD on the client's own data (shared by algorithms); its
-    mean loss is also the client's `train_loss`."""
+    mean loss is also the client's `train_loss`.
+
+    Args:
+        state: the client's state: its model is trained in place on its data, and its
+            extras get `train_loss`.
+        ctx: the step's context (its seed, round and participant seed the run).
+        params: the local SGD settings (`LocalTrainingParams`).
+
+    Returns:
+        The mean batch loss and the number of steps run (`LocalRun`).
+    """
     data = state.data
     seed = derive_seed(ctx.seed, ctx.round, ctx.me, "train")
     # The client's task decides its loss and optimiser (None: cross-entropy, the params' SGD).

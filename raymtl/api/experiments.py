@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from raymtl.config import ConfigError, ExperimentConfig, apply_override, load_raw, parse_config
+from raymtl.errors import one_line
 
 Experiment = ExperimentConfig | Mapping | str | Path
 
@@ -62,15 +63,38 @@ def experiment_configs(
         base = raw_experiment(experiment)
         if isinstance(experiment, str | Path):
             base.setdefault("name", Path(experiment).stem)
-        for arm in arms_of(base):
+        arms = arms_of(base)
+        for arm in arms:
             arm = raw_experiment(arm, fixed)  # the overrides apply to every arm
             for value in fan_values:
                 raw = raw_experiment(arm)  # a copy per value
                 if fan_key is not None:
                     apply_override(raw, f"{fan_key}={value}")
                     raw["name"] = f"{raw.get('name', 'experiment')}-{value}"
-                configs.append(parse_config(raw))
+                fanned = None if fan_key is None else f"{fan_key}={value}"
+                try:
+                    configs.append(parse_config(raw))
+                except ConfigError as error:
+                    if fanned is None and len(arms) == 1:
+                        raise  # one experiment: the line is the file's, as raymtl run says
+                    raise ConfigError(
+                        arm_refused(one_line(error), raw.get("name"), fanned)
+                    ) from None
     return configs
+
+
+def arm_refused(line: str, arm: str | None, fanned: str | None) -> str:
+    """The line an arm of a comparison was refused with, naming the arm (and the value of
+    `a.b=x,y` that made it) and, for a setting given to every arm, how to give it to one
+    arm only: a comparison file's `arms:`."""
+    refused = f"arm {arm}" + (f" ({fanned})" if fanned else "") + f": {line}"
+    if fanned is None or line.startswith(f"{fanned.partition('=')[0]}:"):
+        return refused
+    return (
+        f"{refused}; the experiment's settings and overrides go to every arm: give one arm "
+        "settings of its own in a comparison file's `arms:` (each arm's `algorithm` brings "
+        'its own params; README, "A comparison file: arms")'
+    )
 
 
 def arms_of(base: dict) -> list[dict]:

@@ -30,8 +30,14 @@ def run(
 def resume(
     run_dir: str | Path, overrides: Iterable[str] = (), callbacks: Iterable[Callback] = ()
 ) -> Results:
-    """Continue an interrupted run (a path or a URI) from its last complete checkpoint; only
-    `rounds` (and `runtime`) may change, and rounds only grow."""
+    """Continue an interrupted (or failed, once its code is fixed) run from its last complete
+    checkpoint and return its results, as `raymtl run --resume RUN_DIR` does.
+
+    `run_dir`: the run directory (a path or a URI); `overrides`: `a.b=value` assignments,
+    of which only `rounds` (and `runtime`) may change, and rounds only grow (a finished run
+    goes on); `callbacks`: `raymtl.Callback`s, as `raymtl.run`'s: `on_run_start` once,
+    `on_round_end` after every round run from the checkpoint on (not the rounds already
+    run), `on_run_end` with the run directory once its summary is written."""
     from raymtl.runtime.loop.experiment import resume_experiment  # Ray: only when it runs
 
     where = resume_experiment(run_dir, overrides=list(overrides), callbacks=tuple(callbacks))

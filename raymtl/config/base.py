@@ -35,9 +35,43 @@ def size_in_bytes(value: int | str) -> int | None:
     return int(float(match.group(1)) * UNITS[match.group(2).lower()])
 
 
+# Names other libraries and papers give settings, and the key raymtl uses for each: a near
+# miss difflib cannot see (learning_rate is no misspelling of lr).
+SYNONYMS = {
+    "learning_rate": "lr",
+    "learningrate": "lr",
+    "local_lr": "lr",
+    "client_lr": "lr",
+    "local_epochs": "epochs",
+    "num_epochs": "epochs",
+    "n_epochs": "epochs",
+    "epoch": "epochs",
+    "batchsize": "batch_size",
+    "bs": "batch_size",
+    "local_batch_size": "batch_size",
+    "sgd_momentum": "momentum",
+    "wd": "weight_decay",
+    "max_grad_norm": "clip_grad",
+    "grad_clip": "clip_grad",
+    "clip_norm": "clip_grad",
+    "fraction": "sample_fraction",
+    "client_fraction": "sample_fraction",
+    "frac": "sample_fraction",
+    "clients": "num_clients",
+    "n_clients": "num_clients",
+    "num_rounds": "rounds",
+    "seed": "seeds",
+}
+
+
 def did_you_mean(key: str, allowed: Iterable[str]) -> str:
-    """' (did you mean num_clients?)' when `key` is a near miss of an allowed one, else ''."""
-    close = difflib.get_close_matches(str(key), [str(name) for name in allowed], n=1, cutoff=0.75)
+    """' (did you mean num_clients?)' when `key` is a near miss of an allowed one (or
+    another name for one, `SYNONYMS`: learning_rate -> lr), else ''."""
+    allowed = [str(name) for name in allowed]
+    synonym = SYNONYMS.get(str(key).lower())
+    if synonym in allowed:
+        return f" (did you mean {synonym}?)"
+    close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
 
 

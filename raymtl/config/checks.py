@@ -1,10 +1,10 @@
 """The experiment's cross-field rules: each raises one line that names the field.
 
-Called by `ExperimentConfig`'s validator (raymtl/config.py), so a bad file fails before any
-actor starts: names that exist in their registries (built-in or a plugin's), an algorithm
-that runs on the topology and the tasks, peer graphs that connect, LPS counts that fit.
-Each takes the `ExperimentConfig` being validated (`cfg`); this module does not import
-config.py, which imports it.
+Called by `ExperimentConfig`'s validator (raymtl/config/schema.py), so a bad file fails
+before any actor starts: names that exist in their registries (built-in or a plugin's), an
+algorithm that runs on the topology and the tasks, peer graphs that connect, LPS counts that
+fit. Each takes the `ExperimentConfig` being validated (`cfg`); this module does not import
+schema.py, which imports it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def check_names(cfg) -> None:
         named.append(("data.public.name", cfg.data.public.name, SOURCES))
     for field, name, registry in named:
         if name not in registry:
-            raise ValueError(f"{field}: '{name}' is not one of {', '.join(sorted(registry))}")
+            raise ValueError(registry.unknown(name, field))
     check_source_params(cfg.data.name, cfg.data.params)
     if cfg.model.differ() is not False and cfg.model.params:
         raise ValueError("model.params: only for one model.name (models that differ use defaults)")

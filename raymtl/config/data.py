@@ -47,7 +47,7 @@ class PartitionConfig(Section):
     @classmethod
     def _kind_is_registered(cls, kind: str) -> str:
         if kind not in PARTITIONS:
-            raise ValueError(f"'{kind}' is not one of {', '.join(PARTITIONS)}")
+            raise ValueError(PARTITIONS.unknown(kind, field=""))
         return kind
 
     @model_validator(mode="after")
@@ -99,7 +99,7 @@ class TaskConfig(Section):
     @classmethod
     def _targets_are_registered(cls, targets: str) -> str:
         if targets not in TARGETS:
-            raise ValueError(f"'{targets}' is not one of {', '.join(TARGETS)}")
+            raise ValueError(TARGETS.unknown(targets, field=""))
         return targets
 
     @model_validator(mode="after")

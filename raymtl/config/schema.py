@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from raymtl.algorithms.base import Params
-from raymtl.algorithms.registry import algorithm_params
+from raymtl.algorithms.registry import algorithm_params, get_algorithm
 from raymtl.config.base import Section, first_error, size_in_bytes
 from raymtl.config.checks import (
     check_algorithm,
@@ -84,11 +84,33 @@ class ModelConfig(Section):
 class AlgorithmConfig(Section):
     name: str = "fedavg"
     params: dict[str, Any] = Field(default_factory=dict)
+    # (the Params class, name, settings) -> the typed params validated from them: validated
+    # once, read by every check, the plan and the toolbox (a copy with other params, or a
+    # plugin run again with a new Params class, validates anew).
+    _typed: tuple[object, Params] | None = PrivateAttr(default=None)
 
     def typed_params(self) -> Params:
         """The params validated by the algorithm's own typed model (what else a plugin's
-        validators raise: one line naming its class, registry.algorithm_params)."""
-        return algorithm_params(self.name, self.params)
+        validators raise: one line naming its class, registry.algorithm_params); validated
+        once per algorithm class and settings, then carried."""
+        key = (get_algorithm(self.name).Params, self.name, repr(self.params))
+        if self.__pydantic_private__ is None:  # built without its private part (a bare copy)
+            object.__setattr__(self, "__pydantic_private__", {"_typed": None})
+        typed = self.__pydantic_private__.get("_typed")
+        if typed is None or typed[0] != key:
+            typed = (key, algorithm_params(self.name, self.params))
+            self.__pydantic_private__["_typed"] = typed
+        return typed[1]
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickled without the typed params: an actor unpickles its config before it imports
+        the plugins whose Params class they may be."""
+        state = super().__getstate__()
+        state["__pydantic_private__"] = {
+            **(state.get("__pydantic_private__") or {}),
+            "_typed": None,
+        }
+        return state
 
 
 class TopologyConfig(Section):

@@ -65,6 +65,25 @@ def register_partition(
     """Decorator: register a partition kind under `name` (see the module docstring).
 
     Raises a one-line ValueError for a function that breaks the contract or a taken name.
+
+    Args:
+        name: the kind, as `data.partition.kind` gives it (letters, digits, _ . -).
+        shards: the function builds the clients' shards itself,
+            `fn(labels, num_classes, **options) -> list[ClientShard]`, rather than returning
+            an affinity `fn(class_counts, num_clients, rng, *, params)`.
+        assigns_tasks: the kind gives each client a task (`data.tasks` is mapped onto them).
+        holds_every_class: each client must hold a sample of every class its affinity
+            marks, else the partition is refused.
+        keyed: the kind reads the clients the data itself holds,
+            `fn(pool, num_clients, **options) -> list[ClientShard]` (natural.py).
+
+    Returns:
+        The decorator: it registers the function and returns it unchanged.
+
+    Raises:
+        ValueError: one line, from the decorator, for a bad name, a function of the wrong
+            signature or without a docstring (`raymtl list` shows its first line), or a
+            name another kind holds.
     """
 
     def decorator(build: Callable) -> Callable:
@@ -104,5 +123,5 @@ def partition_spec(name, build, shards, assigns_tasks, holds_every_class) -> Par
 def get_partition(kind: str) -> PartitionSpec:
     """The spec of partition `kind` (one-line ValueError otherwise)."""
     if kind not in PARTITIONS:
-        raise ValueError(f"partition.kind: {kind!r} is not one of {', '.join(PARTITIONS)}")
+        raise ValueError(PARTITIONS.unknown(kind))
     return PARTITIONS[kind]

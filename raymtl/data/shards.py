@@ -36,8 +36,10 @@ class ClientShard:
 
 
 def fail(field: str, problem: str) -> ValueError:
-    """The error for a bad `partition.<field>` setting (returned, for the caller to raise)."""
-    return ValueError(f"partition.{field}: {problem}")
+    """The error for a bad `data.partition.<field>` setting, or for `data.num_clients` (the
+    field the experiment file gives it as), returned for the caller to raise."""
+    path = "data.num_clients" if field == "num_clients" else f"data.partition.{field}"
+    return ValueError(f"{path}: {problem}")
 
 
 def validate_sizes(quantity, sigma, exponent, test_fraction, max_samples) -> None:

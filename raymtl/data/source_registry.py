@@ -102,6 +102,18 @@ def register_dataset(
 
     Raises a one-line ValueError for a source that breaks the contract (see the module
     docstring) or a name taken by another source.
+
+    Args:
+        name: the source's name, as `data.name` gives it (letters, digits, _ . -).
+        keyed: True for data already federated: its pools carry `keys` or `generated`, and
+            `data.partition.kind: natural` is its default partition.
+
+    Returns:
+        The decorator: it registers the source function and returns it unchanged.
+
+    Raises:
+        ValueError: one line, from the decorator, for a bad name, a function that does not
+            take (root, download, **params) with defaults, or a name another source holds.
     """
 
     def decorator(loader: Callable[..., Pool]) -> Callable[..., Pool]:
@@ -160,7 +172,7 @@ def source_params(name: str) -> dict[str, inspect.Parameter]:
 def check_source_params(name: str, params: dict) -> None:
     """`data.params` are parameters of source `name` (one-line ValueError otherwise)."""
     if name not in SOURCES:
-        raise ValueError(f"data.name: {name!r} is not one of {', '.join(SOURCES)}")
+        raise ValueError(SOURCES.unknown(name))
     accepted = source_params(name)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
         return

@@ -55,6 +55,20 @@ def register_topology(
     `description` defaults to the first line of its docstring and `params` (name ->
     default) to its keyword-only arguments. Raises a one-line ValueError for a builder that
     breaks the contract (see the module docstring) or a taken name.
+
+    Args:
+        name: the kind, as `topology.kind` gives it; not one of `STRUCTURED_KINDS`.
+        description: the line `raymtl list` shows; None: the first line of the docstring.
+        params: the parameters `topology.params` may set, name -> default (each a
+            keyword-only argument of the builder); None: all of its keyword-only arguments.
+
+    Returns:
+        The decorator: it registers the builder and returns it unchanged.
+
+    Raises:
+        ValueError: one line, from the decorator, for a bad or built-in name, a builder not
+            taking (num_nodes, seed, *, params), unknown `params`, no description, or a
+            name another builder holds.
     """
 
     def decorator(build: Callable[..., nx.Graph]) -> Callable[..., nx.Graph]:
@@ -94,7 +108,7 @@ def topology_spec(name, build, description, params) -> TopologySpec:
 def build_topology(kind: str, num_nodes: int, seed: int, **params: object) -> nx.Graph:
     """The connected graph `kind` on nodes 0..num_nodes-1 (one-line ValueError on bad input)."""
     if kind not in TOPOLOGIES:
-        raise ValueError(f"topology.kind: '{kind}' is not one of {', '.join(TOPOLOGIES)}")
+        raise ValueError(TOPOLOGIES.unknown(kind))
     spec = TOPOLOGIES[kind]
     for param in params:
         if param not in spec.params:

@@ -29,7 +29,14 @@ TABLE_PLOTTERS: dict[str, Plotter] = {}
 
 
 def table_reporter(table: str) -> Callable[[Reporter], Reporter]:
-    """Register `function(run_dir, summary)` as the reporter of `<table>.parquet`."""
+    """Register `function(run_dir, summary)` as the reporter of `<table>.parquet`.
+
+    Args:
+        table: the table's name, as steps record it (`ctx.record(table, ...)`).
+
+    Returns:
+        The decorator: it registers the reporter and returns it unchanged.
+    """
 
     def register(function: Reporter) -> Reporter:
         TABLE_REPORTERS[table] = function
@@ -39,7 +46,14 @@ def table_reporter(table: str) -> Callable[[Reporter], Reporter]:
 
 
 def table_plotter(table: str) -> Callable[[Plotter], Plotter]:
-    """Register `function(run_dir) -> written paths` as the plotter of `<table>.parquet`."""
+    """Register `function(run_dir) -> written paths` as the plotter of `<table>.parquet`.
+
+    Args:
+        table: the table's name, as steps record it (`ctx.record(table, ...)`).
+
+    Returns:
+        The decorator: it registers the plotter and returns it unchanged.
+    """
 
     def register(function: Plotter) -> Plotter:
         TABLE_PLOTTERS[table] = function

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from raymtl.metrics.figures import add_legend_if_labelled, draw_band, new_figure, save_figure
+from raymtl.metrics.figures import (
+    add_legend_if_labelled,
+    draw_band,
+    new_figure,
+    save_figure,
+    scale_bits_axis,
+)
 from raymtl.metrics.recorder import Recorder
 from raymtl.metrics.statistics import evaluated_rounds
 from raymtl.metrics.tables import plot_extra_tables
@@ -21,7 +27,8 @@ from raymtl.metrics.tasks import plot_task_comparison
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-# Bits are drawn on a log axis; runs without communication get a single point here.
+# Runs without communication get a single point here (a bits axis holding them is log: its
+# other values are far above 1).
 NO_COMMUNICATION_X = 1.0
 
 
@@ -44,21 +51,25 @@ def draw_accuracy_vs_round(axes: Axes, curves: pd.DataFrame, label: str) -> None
     axes.set_ylabel("accuracy")
 
 
-def draw_accuracy_vs_bits(axes: Axes, curves: pd.DataFrame, label: str) -> None:
-    """Accuracy against cumulative bits on a log axis.
+def draw_accuracy_vs_bits(axes: Axes, curves: pd.DataFrame, label: str) -> list[float]:
+    """Accuracy against cumulative bits; returns the x values drawn, for `scale_bits_axis`
+    once every curve is on the axes (log only where they span more than 10x).
 
-    Zero-bit points cannot be placed on a log axis; if every point is zero (e.g. Local
-    training) the final accuracy is drawn as a single marker at x=1, labelled as such.
+    Zero-bit points are left out (a log axis cannot place them); if every point is zero
+    (e.g. Local training) the final accuracy is drawn as a single marker at x=1, labelled as
+    such.
     """
-    axes.set_xscale("log")
     axes.set_xlabel("cumulative transmitted bits")
     axes.set_ylabel("accuracy")
     with_bits = curves[curves["cum_bits"] > 0]
     if not with_bits.empty:
         draw_band(axes, with_bits["cum_bits"].to_numpy(), with_bits, label)
-    elif not curves.empty:
+        return with_bits["cum_bits"].tolist()
+    if not curves.empty:
         final_accuracy = curves["mean"].iloc[-1]
         axes.plot([NO_COMMUNICATION_X], [final_accuracy], "o", label=f"{label} (no bits sent)")
+        return [NO_COMMUNICATION_X]
+    return []
 
 
 def plot_accuracy_vs_round(rounds: pd.DataFrame, path: Path) -> Path:
@@ -76,8 +87,9 @@ def plot_accuracy_vs_bits(rounds: pd.DataFrame, path: Path) -> Path:
     """Mean and worst-10% accuracy against cumulative bits."""
     figure = new_figure(figsize=(6, 4))
     axes = figure.subplots()
-    draw_accuracy_vs_bits(axes, curves_by_round(rounds, "mean_accuracy"), "mean")
-    draw_accuracy_vs_bits(axes, curves_by_round(rounds, "worst10_accuracy"), "worst 10%")
+    drawn = draw_accuracy_vs_bits(axes, curves_by_round(rounds, "mean_accuracy"), "mean")
+    drawn += draw_accuracy_vs_bits(axes, curves_by_round(rounds, "worst10_accuracy"), "worst 10%")
+    scale_bits_axis(axes, "x", drawn)
     axes.set_title("Accuracy vs cumulative bits")
     add_legend_if_labelled(axes)
     return save_figure(figure, path)
@@ -134,10 +146,12 @@ def plot_comparison_metric(
     """Side by side: ``column`` vs round | ``column`` vs cumulative bits, one line per algorithm."""
     figure = new_figure(figsize=(12, 4.5))
     round_axes, bits_axes = figure.subplots(1, 2)
+    drawn = []
     for algorithm, rounds in rounds_by_algorithm.items():
         curves = curves_by_round(rounds, column)
         draw_accuracy_vs_round(round_axes, curves, algorithm)
-        draw_accuracy_vs_bits(bits_axes, curves, algorithm)
+        drawn += draw_accuracy_vs_bits(bits_axes, curves, algorithm)
+    scale_bits_axis(bits_axes, "x", drawn)
     round_axes.set_title(f"{column} vs round")
     bits_axes.set_title(f"{column} vs cumulative bits")
     for axes in (round_axes, bits_axes):
@@ -147,14 +161,20 @@ def plot_comparison_metric(
 
 
 def plot_bits_per_round(rounds_by_algorithm: dict[str, pd.DataFrame], path: Path) -> Path:
-    """Bits sent per round (up + down, mean over seeds), one line per algorithm, log axis."""
+    """Bits sent per round (up + down, mean over seeds), one line per algorithm; a log axis
+    only where the arms span more than 10x (`scale_bits_axis`), else linear from 0."""
     figure = new_figure(figsize=(6, 4), layout="constrained")
     axes = figure.subplots()
+    drawn = []
     for algorithm, rounds in rounds_by_algorithm.items():
         per_round = (rounds["bits_up"] + rounds["bits_down"]).groupby(rounds["round"]).mean()
         if (per_round > 0).any():
             axes.plot(per_round.index, per_round.to_numpy(), marker=".", label=algorithm)
-    axes.set_yscale("log")
+            drawn += per_round.tolist()
+    scale_bits_axis(axes, "y", drawn)
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("round")
     axes.set_ylabel("bits per round (up + down)")
     axes.set_title("Communication per round (algorithms that send nothing are absent)")

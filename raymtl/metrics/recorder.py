@@ -112,13 +112,19 @@ def parquet_path(run_dir: Path, table_name: str) -> Path:
     return Path(run_dir) / f"{table_name}.parquet"
 
 
+# Rows per Parquet row group: a reader can stream a table a group at a time
+# (`Results.scan`) instead of holding a population's rows at once.
+ROW_GROUP_ROWS = 65_536
+
+
 def write_parquet_atomically(table: pa.Table, path: Path) -> None:
     """Write ``table`` to a temporary file, then rename it over ``path``.
 
     The rename is atomic, so a crash mid-write never leaves a truncated file behind for resume.
+    The file is cut into row groups of ``ROW_GROUP_ROWS`` rows.
     """
     tmp_path = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp_path)
+    pq.write_table(table, tmp_path, row_group_size=ROW_GROUP_ROWS)
     os.replace(tmp_path, path)
 
 

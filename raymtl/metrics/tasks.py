@@ -14,7 +14,13 @@ from pathlib import Path
 import pandas as pd
 from rich.table import Table
 
-from raymtl.metrics.figures import add_legend_if_labelled, draw_band, new_figure, save_figure
+from raymtl.metrics.figures import (
+    add_legend_if_labelled,
+    draw_band,
+    new_figure,
+    save_figure,
+    scale_bits_axis,
+)
 from raymtl.metrics.statistics import mean_and_std
 
 TASK_METRICS = ("accuracy", "precision", "recall", "f1", "mse", "mae")
@@ -78,6 +84,7 @@ def plot_task_comparison(clients_by_run: dict[str, pd.DataFrame], path: Path) ->
     figure = new_figure(figsize=(12, 4 * len(tasks)), layout="constrained")
     axes_rows = figure.subplots(len(tasks), 2, squeeze=False)
     for (round_axes, bits_axes), task in zip(axes_rows, tasks, strict=True):
+        drawn = []
         for label, clients in clients_by_run.items():
             rows = clients[clients["task_name"] == task].dropna(subset=["loss"])
             if rows.empty:
@@ -88,6 +95,7 @@ def plot_task_comparison(clients_by_run: dict[str, pd.DataFrame], path: Path) ->
             with_bits = curves[curves["cum_bits"] > 0]
             if not with_bits.empty:
                 draw_band(bits_axes, with_bits["cum_bits"].to_numpy(), with_bits, label)
+                drawn += with_bits["cum_bits"].tolist()
             for axes in (round_axes, bits_axes):
                 axes.set_ylabel(
                     metric + ("" if metric in HIGHER_IS_BETTER else " (lower is better)")
@@ -97,7 +105,7 @@ def plot_task_comparison(clients_by_run: dict[str, pd.DataFrame], path: Path) ->
         round_axes.set_title(f"task {task}: vs round")
         round_axes.set_xlabel("round")
         bits_axes.set_title(f"task {task}: vs its clients' bits (sent + received; none: absent)")
-        bits_axes.set_xscale("log")
+        scale_bits_axis(bits_axes, "x", drawn)
         bits_axes.set_xlabel("cumulative bits")
         for axes in (round_axes, bits_axes):
             add_legend_if_labelled(axes)

@@ -16,7 +16,7 @@ from raymtl.models.registry import (
     check_input_shape,
     check_min_side,
     flat_output_size,
-    register,
+    register_model,
 )
 
 _CNN_FEATURE_DIM = 512
@@ -54,7 +54,7 @@ def dropout_head(feature_dim: int, num_classes: int) -> nn.Sequential:
     )
 
 
-@register
+@register_model
 class CNNMnist(FedModel):
     """Two 5x5 conv layers (32, 64) with max pooling, FC 512, dropout head."""
 
@@ -78,7 +78,7 @@ def conv_bn_relu_pool(in_channels: int, out_channels: int, kernel_size: int) -> 
     return [conv, nn.BatchNorm2d(out_channels), *rest]
 
 
-@register
+@register_model
 class CNNBatchNorm(FedModel):
     """cnn_mnist with a BatchNorm2d after each conv: a model for FedBN (local batch norm)."""
 
@@ -98,7 +98,7 @@ class CNNBatchNorm(FedModel):
         return ("backbone.features",)
 
 
-@register
+@register_model
 class CNNCifar(FedModel):
     """Three 3x3 conv layers (32, 64, 128) with max pooling, FC 512, dropout head."""
 
@@ -120,7 +120,7 @@ class CNNCifar(FedModel):
         return ("backbone.features",)
 
 
-@register
+@register_model
 class MLP(FedModel):
     """flatten - Linear(in, hidden) - ReLU backbone, Linear(hidden, C) head."""
 
@@ -141,7 +141,7 @@ class MLP(FedModel):
         return ("backbone.fc1",)
 
 
-@register
+@register_model
 class LogReg(FedModel):
     """Multinomial logistic regression: parameter-free flatten backbone, linear head."""
 

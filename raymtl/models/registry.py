@@ -7,7 +7,7 @@
         def __init__(self, input_shape, num_classes, hidden: int = 32): ...
 
 The keyword parameters of ``__init__`` after ``input_shape`` and ``num_classes`` are the
-model's tunable parameters (``model.params``); ``register`` records them (with their
+model's tunable parameters (``model.params``); ``register_model`` records them (with their
 defaults) in ``cls.params`` after checking the class against the contract (``check_contract``):
 a FedModel subclass with a ``name``, built as ``cls(input_shape, num_classes, **params)``.
 """
@@ -100,11 +100,22 @@ class FedModel(nn.Module):
         return self.projection
 
 
-def register(cls: type[FedModel]) -> type[FedModel]:
+def register_model(cls: type[FedModel]) -> type[FedModel]:
     """Class decorator: make `cls` available under `cls.name`, recording its parameters.
 
     Raises a one-line ValueError for a class that breaks the contract (`check_contract`) or a
     name another class holds; the same class again (its module imported twice) replaces it.
+
+    Args:
+        cls: a `FedModel` subclass with a `name` (`model.name`), built as
+            `cls(input_shape, num_classes, **params)`.
+
+    Returns:
+        `cls` itself, registered, its `params` set to its keyword parameters' defaults.
+
+    Raises:
+        ValueError: one line naming `cls`: it breaks the contract, or another class holds
+            its name.
     """
     check_contract(cls)
     refusal = MODELS.clash(cls.name, cls)
@@ -118,9 +129,6 @@ def register(cls: type[FedModel]) -> type[FedModel]:
         and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     }
     return MODELS.add(cls.name, cls)
-
-
-register_model = register
 
 
 def check_contract(cls: object) -> None:

@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 from torch import nn
 
-from raymtl.models.registry import FedModel, check_input_shape, flat_output_size, register
+from raymtl.models.registry import FedModel, check_input_shape, flat_output_size, register_model
 
 # First stage of the head for each split; everything before it is the backbone.
 HEAD_STARTS = {"BL-0": "fc", "BL-1": "layer4", "BL-2": "layer3"}
@@ -46,7 +46,7 @@ def small_image_resnet18_stages(in_channels: int, num_classes: int) -> list[tupl
     return stages
 
 
-@register
+@register_model
 class ResNet18(FedModel):
     """ResNet-18 (random init) with a 3x3 stem; `split` chooses which stages form the head."""
 
@@ -105,7 +105,7 @@ def resnet8_backbone(in_channels: int) -> nn.Sequential:
     return backbone
 
 
-@register
+@register_model
 class ResNet8(FedModel):
     """CIFAR-style ResNet-8 (He et al. 2016 §4.2, one BasicBlock per stage); linear head."""
 

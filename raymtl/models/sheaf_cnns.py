@@ -27,7 +27,7 @@ from raymtl.models.registry import (
     check_input_shape,
     check_min_side,
     flat_output_size,
-    register,
+    register_model,
 )
 
 _KERNEL_SIZE = 5
@@ -60,7 +60,7 @@ class _SheafCNN(FedModel):
         return ("backbone.features",)
 
 
-@register
+@register_model
 class SmallCNN(_SheafCNN):
     """Small CNN of Sheaf-FMTL (Table 2): 1 conv layer (16 filters), 1 FC layer.
 
@@ -72,7 +72,7 @@ class SmallCNN(_SheafCNN):
     widths = (16,)
 
 
-@register
+@register_model
 class MediumCNN(_SheafCNN):
     """Medium CNN of Sheaf-FMTL (Table 2): 2 conv layers (24, 48 filters), 1 FC layer.
 
@@ -85,7 +85,7 @@ class MediumCNN(_SheafCNN):
     widths = (24, 48)
 
 
-@register
+@register_model
 class LargeCNN(_SheafCNN):
     """Large CNN of Sheaf-FMTL (Table 2): 2 conv layers (32, 64 filters), 2 FC layers (120).
 
@@ -99,7 +99,7 @@ class LargeCNN(_SheafCNN):
     fc_units = 120
 
 
-@register
+@register_model
 class SheafMnistCNN(FedModel):
     """The official Sheaf-FMTL rotated-MNIST CNN (see the module docstring)."""
 

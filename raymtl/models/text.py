@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from raymtl.models.registry import FedModel, check_input_shape, register
+from raymtl.models.registry import FedModel, check_input_shape, register_model
 
 # How far from a whole number an id may be (float noise) before it is refused.
 _ID_TOLERANCE = 1e-3
@@ -87,7 +87,7 @@ class CharEncoder(nn.Module):
         return layer_input[:, -1]
 
 
-@register
+@register_model
 class CharLSTM(FedModel):
     """LEAF's Shakespeare model: Embedding(vocabulary, 8), a 2-layer LSTM of 256 units, the
     last step's output -> Linear(256, num_classes), the next character."""

@@ -10,13 +10,15 @@ re-planned: runtime.clients_...     a node was lost and the client actors no lon
                                     rolled_back_to = -1); the results are the same
 
 `injected` is True on the rows of a fault runtime.inject_faults caused (the actor was
-killed on purpose, `injection_schedule`); the recovery is the same as a real fault's.
+killed on purpose, `injection_schedule` and `kill_host`); the recovery is the same as a real
+fault's.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 
 from raymtl.errors import ConfigError
 
@@ -55,6 +57,28 @@ def injection_schedule(faults, hosts: list[str], rounds: int) -> dict[int, list[
             if host not in planned:
                 planned.append(host)
     return dict(sorted(schedule.items()))
+
+
+def kill_host(executor, name: str) -> None:
+    """runtime.inject_faults: kill host `name`'s actor (no restart), as a crashed process
+    would be, and wait until Ray reports it dead, so the fault falls in the round it was
+    meant for; the host is marked in `executor.injected` (its rows say `injected`). The
+    federation's recovery handles it like a real fault. Hosts in process cannot be killed
+    (the config refuses inject_faults without Ray)."""
+    import ray
+
+    handle = executor.hosts[name]
+    if not isinstance(handle, ray.actor.ActorHandle):
+        raise NotImplementedError(f"{type(executor).__name__} cannot kill host {name}")
+    executor.injected.add(name)
+    ray.kill(handle, no_restart=True)
+    deadline = time.monotonic() + executor.runtime.placement_timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(handle.ping.remote(), timeout=5.0)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return
+        time.sleep(0.1)
 
 
 def host_index(host: str) -> tuple[str, int]:
@@ -119,7 +143,7 @@ def dropped_rows(seed: int, round_index: int, lost: list[dict]) -> list[dict]:
 
 
 def replan_row(seed: int, round_index: int, line: str, nodes: list[str], recovery: int) -> dict:
-    """The client actors laid out anew on the nodes left (RayExecutor.replanned's line)."""
+    """The client actors laid out anew on the nodes left (RayPlacement.replanned's line)."""
     return {
         "seed": seed,
         "round": round_index,

@@ -23,7 +23,7 @@ class PhaseResult:
     holders: dict[str, int] = field(default_factory=dict)  # role -> the client holding it now
     warnings: list[dict] = field(default_factory=list)  # {participant, step, message}
     lost: list[dict] = field(default_factory=list)  # client hosts lost during the phase
-    flops: float = 0.0  # the steps' floating-point operations (metrics/flops.py)
+    flops: float = 0.0  # the steps' floating-point operations (raymtl/flops.py)
 
     def add(self, other: PhaseResult) -> None:
         """Take another host's result in (hosts answer in the executor's order)."""

@@ -49,7 +49,16 @@ LOSSES = {
 
 
 def task_loss(task: TaskSpec | None, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """The mean loss of `task` (None: cross-entropy on labels)."""
+    """The mean loss of `task` (None: cross-entropy on labels).
+
+    Args:
+        task: the task whose loss is taken; None: cross-entropy.
+        outputs: the model's outputs for a batch.
+        targets: the batch's targets (class ids, or floats for bce and mse).
+
+    Returns:
+        The mean loss, a scalar tensor.
+    """
     return LOSSES["cross_entropy" if task is None else task.loss](outputs, targets)
 
 

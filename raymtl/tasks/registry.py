@@ -74,7 +74,24 @@ def register_target(
     description: str | None = None,
 ):
     """Register target `name` computed by `build(pool) -> Targets`; without `build`, a
-    decorator for it. Raises a one-line ValueError for a target that breaks the contract."""
+    decorator for it. Raises a one-line ValueError for a target that breaks the contract.
+
+    Args:
+        name: the target, as `data.tasks[].targets` gives it (letters, digits, _ . -).
+        loss: the task's loss: cross_entropy, bce or mse.
+        metrics: the metrics it reports, some of the loss's; None: all of them.
+        build: `build(pool) -> Targets`, one row per sample of the pool; None: the function
+            decorated.
+        description: the line `raymtl list` shows; None: the first line of the docstring.
+
+    Returns:
+        With `build`, `build` itself, registered; without, the decorator that registers the
+        function it decorates and returns it unchanged.
+
+    Raises:
+        ValueError: one line for a bad name, a loss or metrics not of the loss's, a `build`
+            that is not a one-argument function, or a name another target holds.
+    """
 
     def decorator(function: Callable[[Samples], Targets]) -> Callable[[Samples], Targets]:
         TARGETS.add(name, target_spec(name, loss, metrics, function, description))
@@ -107,7 +124,7 @@ def target_spec(name, loss, metrics, build, description) -> TargetSpec:
 def get_target(name: str) -> TargetSpec:
     """The spec of target `name` (one-line ValueError otherwise)."""
     if name not in TARGETS:
-        raise ValueError(f"targets: {name!r} is not one of {', '.join(TARGETS)}")
+        raise ValueError(TARGETS.unknown(name))
     return TARGETS[name]
 
 

@@ -46,6 +46,23 @@ def test_a_federation_runs_round_by_round_and_fetches_kept_state(make_config):
     assert (fed.run_dir / "summary.json").is_file()
 
 
+def test_the_servers_model_is_read_after_a_round_of_fedavg(make_config):
+    """`fed.state("server")["model"]`: the global model as the round left it, the state
+    the round's checkpoint saved, not the one the federation started from."""
+    cfg = make_config(**{"algorithm.name": "fedavg", "rounds": 2, "checkpoint_every": 1})
+    with Federation(cfg) as fed:
+        start = fed.state("server")["model"]
+        fed.run_round()
+        after = fed.state("server")["model"]
+    saved = torch.load(
+        fed.run_dir / "checkpoints" / "seed0" / "round00001" / "server.pt", weights_only=True
+    )["model"]
+    assert after.keys() == start.keys() == saved.keys()
+    assert all(torch.equal(after[name], saved[name]) for name in after)
+    assert any(not torch.equal(after[name], start[name]) for name in after)
+    assert all(t.device.type == "cpu" for t in after.values())
+
+
 def test_a_federation_takes_a_file_with_overrides_as_raymtl_run_does(tmp_path):
     path = write_experiment(tmp_path, rounds=5)
     with Federation(path, overrides=["rounds=1", "algorithm.params.lr=0.05"]) as fed:

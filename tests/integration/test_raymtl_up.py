@@ -83,3 +83,49 @@ def test_runs_join_the_warm_actors_of_raymtl_up_and_down_stops_them(tmp_path):
     for name in ("clients", "rounds", "messages"):
         pd.testing.assert_frame_equal(learned(table(first, name)), learned(table(own, name)))
         pd.testing.assert_frame_equal(learned(table(second, name)), learned(table(own, name)))
+
+
+PLUGIN = """
+from raymtl.algorithms.fedavg import FedAvg
+from raymtl.extend import register_algorithm
+
+
+@register_algorithm
+class Versioned(FedAvg):
+    name = "versioned"
+
+    def aggregate(self, state, inbox, ctx):
+        ctx.report(version={version})
+        return super().aggregate(state, inbox, ctx)
+"""
+
+
+def test_runs_with_a_plugin_keep_the_warm_actors_and_an_edited_plugin_is_run_again(tmp_path):
+    """Two runs with the same plugin start no actor of their own; after the plugin's file is
+    edited, the third runs on the same actors with the new code."""
+    env = dict(os.environ, RAYMTL_HOME=str(tmp_path / "home"))
+    plugin = tmp_path / "versioned.py"
+    plugin.write_text(PLUGIN.format(version=1))
+    experiment = write(
+        tmp_path,
+        **{
+            "runtime.executor": "ray",
+            "runtime.clients_per_actor": 3,
+            "algorithm.name": "versioned",
+            "plugins": [str(plugin)],
+        },
+    )
+    raymtl(env, "up", "--num-cpus", "2")
+    try:
+        for out in ("first", "second"):
+            raymtl(env, "run", str(experiment), f"output.dir={tmp_path / out}")
+        plugin.write_text(PLUGIN.format(version=2))
+        raymtl(env, "run", str(experiment), f"output.dir={tmp_path / 'edited'}")
+    finally:
+        raymtl(env, "down")
+    runs = [next((tmp_path / out).glob("*-*")) for out in ("first", "second", "edited")]
+    actors = [set(table(run, "hosts")["actor"]) for run in runs]
+    assert actors[0] == actors[1] == actors[2]  # the same warm actors served all three
+    assert all(table(run, "startup")["joined_up"].all() for run in runs)
+    versions = [set(table(run, "step_metrics")["version"]) for run in runs]
+    assert versions == [{1}, {1}, {2}]

@@ -90,6 +90,16 @@ PLUGINS = {
             def train(self, state, inbox, ctx):
                 return state, {"ok": []}["control_variate"]
         """,
+    "ue_hook.py": """
+        from raymtl.extend import FedAvg, register_algorithm
+
+        @register_algorithm
+        class HookRaises(FedAvg):
+            name = "ue_hook_raises"
+
+            def merge(self, state, average):
+                raise ValueError("merge is not written yet")
+        """,
     "ue_heads.py": """
         from torch import nn
         from raymtl.extend import FedModel, register_model
@@ -247,10 +257,17 @@ def test_a_model_with_more_outputs_than_classes_is_refused_from_python(tmp_path,
 
 
 def failed_run(tmp_path, line: str, step_file: str) -> Path:
-    """The one run directory, marked FAILED with the command's line; run.log holds the
-    step's whole traceback."""
+    """The one run directory, marked FAILED with the line; run.log holds the step's whole
+    traceback. The command's line ends with the command that goes on once it is fixed."""
     (run_dir,) = run_dirs(tmp_path)
-    assert line.endswith(f"; the traceback is in {run_dir / 'run.log'}")
+    logged = f"; the traceback is in {run_dir / 'run.log'}"
+    if line.startswith("error: "):  # the command's
+        assert line.endswith(
+            f"{logged}; once the code is fixed, `raymtl run --resume {run_dir}` goes on from "
+            "the last complete checkpoint"
+        )
+    else:  # raymtl.StepFailed's
+        assert line.endswith(logged)
     assert (run_dir / "FAILED").read_text().strip() in line
     log = (run_dir / "run.log").read_text()
     assert "Traceback (most recent call last)" in log and step_file in log
@@ -299,6 +316,43 @@ def test_a_failed_run_goes_on_once_the_step_is_fixed(tmp_path, plugins, monkeypa
     assert resumed.exit_code == 0, resumed.output
     assert not (run_dir / "FAILED").exists() and (run_dir / "summary.json").is_file()
     assert "KeyError: 'control_variate'" in (run_dir / "run.log").read_text()  # kept
+
+
+def test_a_hook_that_raises_inside_an_inherited_step_is_named_with_the_step(tmp_path, plugins):
+    """HookRaises(FedAvg)'s `merge` raises inside FedAvg's `aggregate`: the line names the
+    step as called and the plugin's function that raised, and ends with the command that
+    goes on once it is fixed, which does."""
+    hook_file = str(plugins / "ue_hook.py")
+    path = experiment(tmp_path, plugins, "ue_hook.py", **{"algorithm.name": "ue_hook_raises"})
+    result = CliRunner().invoke(app, ["run", str(path)])
+    line = one_line(result, 1)
+    assert result.stdout == ""  # the error line alone: no bar was drawn, no empty line
+    assert line.startswith(
+        f"error: algorithm ue_hook_raises: HookRaises.aggregate (in HookRaises.merge, "
+        f"{hook_file}:9) raised ValueError: merge is not written yet (server, seed 0, round 1)"
+    )
+    run_dir = failed_run(tmp_path, line, hook_file)
+    command = line.rpartition("`raymtl ")[2].partition("`")[0].split()
+    assert command == ["run", "--resume", str(run_dir)]
+    from raymtl.algorithms.registry import get_algorithm
+
+    hooked = get_algorithm("ue_hook_raises")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hooked, "merge", FedAvg.merge)  # the fix
+        resumed = CliRunner().invoke(app, command)
+    assert resumed.exit_code == 0, resumed.output
+    assert not (run_dir / "FAILED").exists() and (run_dir / "summary.json").is_file()
+
+
+def test_too_many_clients_for_the_data_names_data_num_clients(tmp_path):
+    """The partition refuses 5000 clients on 1797 digits: the line names the field as the
+    file and the override give it, data.num_clients (not the partition's own name)."""
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(digits_experiment(tmp_path / "runs")))
+    result = CliRunner().invoke(app, ["run", str(path), "data.num_clients=5000"])
+    line = one_line(result, 2)
+    assert line.startswith("error: data.num_clients: 5000 clients exceed the "), line
+    assert result.stdout == ""
 
 
 def test_a_built_in_algorithms_bug_names_the_algorithm_and_step(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from raymtl.algorithms.base import (
     StepContext,
 )
 from raymtl.algorithms.fedavg import FedAvg
-from raymtl.algorithms.registry import ALGORITHMS, check_contract, register, register_algorithm
+from raymtl.algorithms.registry import ALGORITHMS, check_contract, register_algorithm
 from raymtl.algorithms.training import load_received
 from raymtl.data.client_data import ClientData
 from raymtl.models import build_model
@@ -160,7 +160,7 @@ def test_hfedavg_lps_sends_common_layers_only_on_global_rounds():
 def test_every_algorithm_keeps_the_contract_with_typed_params(name):
     cls = get_algorithm(name)
     assert cls.name == name and cls.summary
-    check_contract(cls)  # what `register` checked when the module was imported
+    check_contract(cls)  # what `register_algorithm` checked when the module was imported
     with pytest.raises(ValueError):
         cls.Params(no_such_parameter=1)
 
@@ -225,7 +225,7 @@ def test_check_contract_refuses_in_one_line_naming_the_class(attributes, says):
     assert message.startswith("algorithm class tests.broken.Broken: ") and "\n" not in message
     assert says in message
     with pytest.raises(ValueError, match="tests.broken.Broken"):
-        register(cls)  # register checks first: nothing is registered
+        register_algorithm(cls)  # it checks first: nothing is registered
     assert all(c is not cls for c in all_algorithms().values())
 
 
@@ -234,7 +234,7 @@ def test_a_subclass_must_name_itself():
         pass
 
     with pytest.raises(ValueError, match="declares no `name` .* inherit 'fedavg'"):
-        register(Variant)
+        register_algorithm(Variant)
     assert get_algorithm("fedavg") is FedAvg
 
 
@@ -251,15 +251,14 @@ def test_params_without_defaults_leave_the_steps_to_the_config():
 
 
 def test_register_adds_replaces_a_reimport_and_refuses_a_second_class():
-    assert register_algorithm is register
-    cls = register(broken(name="contract_test"))
+    cls = register_algorithm(broken(name="contract_test"))
     try:
         assert get_algorithm("contract_test") is cls
-        again = register(broken(name="contract_test"))  # the same module run again
+        again = register_algorithm(broken(name="contract_test"))  # the same module run again
         assert get_algorithm("contract_test") is again
         other = type("Other", (Minimal,), {"__module__": "tests.other", "name": "contract_test"})
         with pytest.raises(ValueError, match="'contract_test' is registered twice"):
-            register(other)
+            register_algorithm(other)
         assert get_algorithm("contract_test") is again
     finally:
         ALGORITHMS.pop("contract_test", None)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from raymtl.config import ConfigError
+from raymtl.runtime.results import Answer
 from raymtl.runtime.storage.checkpoints import (
     DamagedCheckpoint,
     check_shared,
@@ -38,14 +39,20 @@ class FakeExecutor:
         self.private = private
         self.nodes = {"clients-0": "node-a", "clients-1": "node-b"}
 
-    def probe(self, directory: str) -> dict[str, bool]:
+    @property
+    def hosts(self) -> dict[str, str]:
+        return self.nodes
+
+    def call(self, method: str, calls: dict[str, tuple]) -> Answer:
+        assert method == "probe"
         seen = {}
-        for host, node in self.nodes.items():
+        for host, (directory, name) in calls.items():
+            node = self.nodes[host]
             where = Path(directory) if node == "node-a" else self.private
             where.mkdir(parents=True, exist_ok=True)
-            (where / host).write_text(node)
+            (where / name).write_text(node)
             seen[host] = (where / "driver").is_file()
-        return seen
+        return Answer(seen)
 
 
 def test_a_directory_the_hosts_of_one_node_do_not_share_is_refused(tmp_path):
@@ -77,12 +84,12 @@ def test_complete_needs_every_participants_file(tmp_path):
 
 def test_a_host_never_starts_from_scratch_when_its_checkpoint_is_missing(tmp_path, make_config):
     from raymtl.runtime.executors.executor import InlineExecutor
-    from raymtl.runtime.executors.planning import build_setup
+    from raymtl.runtime.executors.planning import lay_out, plan_seed
     from raymtl.runtime.hosts.host import ParticipantHost
 
     cfg = make_config()
-    setup = build_setup(cfg, 0, InlineExecutor(cfg.runtime), tmp_path, resume_round=2)
-    spec = next(iter(setup.specs.values()))
+    specs = lay_out(plan_seed(cfg, 0), InlineExecutor(cfg.runtime), tmp_path, resume_round=2)
+    spec = next(iter(specs.values()))
     with pytest.raises(FileNotFoundError, match=r"^output.dir: checkpoint file .* not visible"):
         ParticipantHost(spec).build()
 

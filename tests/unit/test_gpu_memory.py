@@ -1,7 +1,7 @@
 """GPU memory, checked before any actor starts: what each client host keeps on its GPU (its
 clients' data, the working models with their step's gradients and momenta, kept weights, the
 public set) against its share of the device's memory, refused in one line naming the knobs.
-No GPU needed: the executor reports a device's memory as a GPU host's probe would."""
+No GPU needed: the executor's probes report a device's memory as a GPU host's would."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.config import ConfigError
 from raymtl.models import build_model
 from raymtl.runtime.executors.executor import InlineExecutor
-from raymtl.runtime.executors.planning import build_federation, build_setup, partition
+from raymtl.runtime.executors.planning import build_federation, lay_out, partition, plan_seed
+from raymtl.runtime.executors.probes import Probes
 from raymtl.runtime.hosts.memory import STEP_COPIES, check_gpu_memory, client_gpu_bytes
 
 
-class GpuSeen(InlineExecutor):
-    """An inline executor whose client hosts would train on a GPU of `device_bytes`."""
+class GpuSeen(Probes):
+    """What a client host's probe would see: a GPU of `device_bytes`."""
 
-    def __init__(self, runtime, device_bytes: int):
-        super().__init__(runtime)
+    def __init__(self, device_bytes: int):
         self.device_bytes = device_bytes
 
     def torch_sees_gpu(self) -> bool:
@@ -31,11 +31,16 @@ class GpuSeen(InlineExecutor):
         return self.device_bytes
 
 
+def gpu_executor(runtime, device_bytes: int) -> InlineExecutor:
+    """An inline executor whose client hosts would train on a GPU of `device_bytes`."""
+    executor = InlineExecutor(runtime)
+    executor.probes = GpuSeen(device_bytes)
+    return executor
+
+
 def federation_of(cfg):
     pools, shards, specs, _ = partition(cfg, 0)
-    federation = build_federation(
-        cfg, 0, InlineExecutor(cfg.runtime), pools["digits"], shards, specs
-    )
+    federation = build_federation(cfg, 0, None, pools["digits"], shards, specs)
     return federation, {f"client/{s.client_id}": s for s in shards}
 
 
@@ -85,10 +90,9 @@ def test_planning_refuses_a_layout_over_the_gpus_memory_before_any_host_starts(
 ):
     settings = {"runtime.device": "cuda", "runtime.num_gpus_per_actor": 0.5}
     cfg = make_config(**settings)
+    plan = plan_seed(cfg, 0)
     with pytest.raises(ConfigError, match=r"^runtime.num_gpus_per_actor: 0.5 of a 0.00 GB GPU"):
-        build_setup(cfg, 0, GpuSeen(cfg.runtime, device_bytes=10**6), tmp_path)
-    roomy = GpuSeen(cfg.runtime, device_bytes=80 * 10**9)
-    setup = build_setup(cfg, 0, roomy, tmp_path)  # fits: planned, nothing started
-    assert {spec.device for name, spec in setup.specs.items() if name.startswith("clients")} == {
-        "cuda"
-    }
+        lay_out(plan, gpu_executor(cfg.runtime, device_bytes=10**6), tmp_path)
+    roomy = gpu_executor(cfg.runtime, device_bytes=80 * 10**9)
+    specs = lay_out(plan, roomy, tmp_path)  # fits: laid out, nothing started
+    assert {spec.device for name, spec in specs.items() if name.startswith("clients")} == {"cuda"}

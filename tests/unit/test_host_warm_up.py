@@ -25,12 +25,12 @@ from raymtl.algorithms.training import model_tensors
 from raymtl.config import parse_config
 from raymtl.runtime.executors.executor import InlineExecutor
 from raymtl.runtime.hosts.host import ParticipantHost
-from raymtl.runtime.executors.planning import build_setup
+from raymtl.runtime.executors.planning import lay_out, plan_seed
 from raymtl.runtime.router import Envelope
 
 cfg = parse_config(json.loads(sys.argv[1]))
-setup = build_setup(cfg, 0, InlineExecutor(cfg.runtime), cfg.output.dir)
-host = ParticipantHost(setup.specs[sys.argv[2]])
+specs = lay_out(plan_seed(cfg, 0), InlineExecutor(cfg.runtime), cfg.output.dir)
+host = ParticipantHost(specs[sys.argv[2]])
 host.build()
 participants = host.spec.participants
 sampled = tuple(range(cfg.data.num_clients))

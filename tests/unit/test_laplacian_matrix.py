@@ -250,7 +250,8 @@ def test_sfmtl_head_step_per_community_matches_the_loop_over_all_clients():
 
 @pytest.mark.parametrize("similarity", ["random", "ones", "given"])
 @pytest.mark.parametrize("rows", [[7], [0, 3, 11, 12]])
-@pytest.mark.parametrize("draws_per_entry", [1, 10**9])  # reached one by one / whole matrix
+# reached one by one (or spans only where contiguous) / spans and entries / whole matrix
+@pytest.mark.parametrize("draws_per_entry", [1, 3, 10**9])
 def test_similarity_rows_are_the_entries_of_the_full_matrix(
     similarity, rows, draws_per_entry, monkeypatch
 ):
@@ -263,3 +264,16 @@ def test_similarity_rows_are_the_entries_of_the_full_matrix(
     full = similarity_matrix(params, n, seed=4)
     expected = {k: {l_: float(full[k, l_]) for l_ in columns if l_ != k} for k in rows}
     assert similarity_rows(params, n, 4, rows, columns) == expected
+
+
+def test_similarity_rows_of_a_cohort_of_a_large_federation_agree_by_both_routes(monkeypatch):
+    """N = 100,000, a cohort of 300: row spans and one-by-one entries give the same values."""
+    n, params = 100_000, FedUParams()
+    cohort = sorted(np.random.default_rng(1).choice(n, size=300, replace=False).tolist())
+    by_spans = similarity_rows(params, n, 2, cohort, cohort)
+    monkeypatch.setattr(fedu, "DRAWS_PER_ENTRY", 1)
+    one_by_one = similarity_rows(params, n, 2, cohort, cohort)
+    assert by_spans == one_by_one
+    assert all(by_spans[k][l_] == by_spans[l_][k] for k in cohort for l_ in cohort if l_ != k)
+    values = [v for row in by_spans.values() for v in row.values()]
+    assert 0.7 < sum(v > 0 for v in values) / len(values) < 0.8  # P(U ≥ 0.25) = 0.75

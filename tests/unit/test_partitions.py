@@ -208,8 +208,8 @@ def test_max_samples_per_client_caps_and_keeps_classes(labels):
     ("overrides", "field"),
     [
         ({"kind": "shards"}, "partition.kind"),
-        ({"num_clients": 0}, "partition.num_clients"),
-        ({"num_clients": 401}, "partition.num_clients"),
+        ({"num_clients": 0}, "data.num_clients"),
+        ({"num_clients": 401}, "data.num_clients"),
         ({"kind": "classes_per_client", "classes_per_client": 11}, "partition.classes_per_client"),
         ({"kind": "classes_per_client", "classes_per_client": 0}, "partition.classes_per_client"),
         ({"kind": "dirichlet", "alpha": 0.0}, "partition.alpha"),
@@ -226,13 +226,13 @@ def test_max_samples_per_client_caps_and_keeps_classes(labels):
         ({"kind": "task_groups", "task_classes": [[0], [1]]}, "partition.classes_per_client"),
         (
             {"kind": "task_groups", "task_classes": [[0, 1], [2, 3]], "num_clients": 1},
-            "partition.num_clients",
+            "data.num_clients",
         ),
         ({"rotations": [0, 45]}, "partition.rotations"),
         ({"rotations": []}, "partition.rotations"),
         ({"rotations": [0, 90], "mask_probs": [0.1]}, "partition.mask_probs"),
         ({"rotations": [0, 90], "mask_probs": [0.1, 1.0]}, "partition.mask_probs"),
-        ({"num_clients": 200}, "partition.num_clients"),
+        ({"num_clients": 200}, "data.num_clients"),
         ({"num_clients": 100, "quantity": "powerlaw"}, "partition.quantity"),
     ],
 )
@@ -249,7 +249,7 @@ def test_task_classes_error_names_the_task(labels):
 
 def test_classes_per_client_needs_enough_samples_per_class():
     tiny = np.repeat(np.arange(NUM_CLASSES), 3)
-    with pytest.raises(ValueError, match="partition.num_clients"):
+    with pytest.raises(ValueError, match="data.num_clients"):
         partition_clients(
             tiny,
             NUM_CLASSES,
@@ -282,9 +282,9 @@ def test_a_registered_kind_of_shares_is_split_and_topped_up(labels, registered_k
     for shard in shards:
         held = labels[np.concatenate([shard.train_idx, shard.test_idx])]
         assert np.bincount(held, minlength=NUM_CLASSES).argmax() == shard.client_id % NUM_CLASSES
-    with pytest.raises(ValueError, match=r"^partition.params.weight: required by kind"):
+    with pytest.raises(ValueError, match=r"^data.partition.params.weight: required by kind"):
         split(labels, kind="favourite")
-    with pytest.raises(ValueError, match=r"^partition.params.alpha: not a parameter of kind"):
+    with pytest.raises(ValueError, match=r"^data.partition.params.alpha: not a parameter of kind"):
         split(labels, kind="favourite", params={"weight": 2.0, "alpha": 1})
 
 
@@ -295,7 +295,7 @@ def test_a_registered_kind_must_return_an_affinity(labels, registered_kinds):
         return np.ones((num_clients, 2))
 
     with pytest.raises(
-        ValueError, match=r"^partition.kind: 'wrong_shape' must return a \(10, 10\)"
+        ValueError, match=r"^data.partition.kind: 'wrong_shape' must return a \(10, 10\)"
     ):
         split(labels, kind="wrong_shape")
     with pytest.raises(ValueError, match="registered twice"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import typer
 
-from raymtl.cli import RUN_STOPPED, user_errors
+from raymtl.cli import RUN_STOPPED, UserErrors
 from raymtl.runtime.executors.placement import (
     actors_that_fit,
     auto_clients_per_actor,
@@ -99,7 +99,7 @@ def test_a_replan_row_says_what_changed():
 
 
 def test_a_stopped_run_is_one_line_and_exit_code_3(capsys):
-    with pytest.raises(typer.Exit) as exited, user_errors():
+    with pytest.raises(typer.Exit) as exited, UserErrors():
         raise RunStopped("runtime.max_restarts: 0 recoveries used up; seed 0 round 2: x")
     assert exited.value.exit_code == RUN_STOPPED == 3
     (line,) = capsys.readouterr().err.strip().splitlines()

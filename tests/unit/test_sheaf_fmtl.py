@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from raymtl.algorithms.base import FederationInfo, Message, State, StepContext, client_name
+from raymtl.algorithms.base import (
+    FederationInfo,
+    Message,
+    State,
+    StepContext,
+    client_name,
+    payload_bits,
+)
 from raymtl.algorithms.registry import get_algorithm
 from raymtl.algorithms.sheaf_fmtl import SENT, draw_map, interaction_dim
 from raymtl.algorithms.training import derive_seed
 from raymtl.config import ConfigError, parse_config
 from raymtl.models import build_model
+from raymtl.runtime.hosts.compute import precision
 from tests.conftest import digits_experiment
 
 # A path 0 - 1 - 2 (mixing weights are not used by Sheaf-FMTL, only who is a neighbour).
@@ -114,17 +124,10 @@ def test_a_cluster_run_is_held_to_what_ray_reports(tmp_path, capsys):
 
     settings = {"algorithm.name": "sheaf_fmtl", "runtime.address": "auto"}
     cfg = parse_config(digits_experiment(tmp_path, **settings))
-    check_federation(cfg)  # before connecting: printed, not refused
+    plan = check_federation(cfg)  # before connecting: printed, not refused
     assert "budget no limit" in capsys.readouterr().out
-    from raymtl.runtime.executors.executor import InlineExecutor
-    from raymtl.runtime.executors.planning import build_federation, partition
-
-    pools, shards, specs, _ = partition(cfg, 0)
-    federation = build_federation(
-        cfg, 0, InlineExecutor(cfg.runtime), pools["digits"], shards, specs
-    )
     with pytest.raises(ConfigError, match="runtime.memory_budget: sheaf_fmtl needs"):
-        check_memory(cfg, federation, reported=1000)  # what a (tiny) cluster reported
+        check_memory(plan, reported=1000)  # what a (tiny) cluster reported
 
 
 def test_a_step_recomputes_what_an_earlier_round_kept():
@@ -250,6 +253,65 @@ def test_a_round_is_the_spec_bit_for_bit():
             assert torch.equal(matrix, expected_maps[i][j]), (i, j)
             assert not torch.equal(matrix, maps[i][j])  # the step did move it
         assert SENT not in state.extras
+
+
+class DtypesSeen(TorchDispatchMode):
+    """The dtypes of every floating-point tensor each op that runs under it takes or
+    returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for value in pytree.tree_leaves((args, kwargs, out)):
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                self.dtypes.add(value.dtype)
+        return out
+
+
+def test_under_bf16_mixed_the_map_maths_is_float32_and_fp32s_bit_for_bit():
+    """runtime.precision bf16-mixed runs a client's steps under bfloat16 autocast (as the host
+    does); Sheaf-FMTL's map maths stays out of it: every op of the projections, θ-step and map
+    step sees float32 only, the values sent are float32 (32 bits an entry: README,
+    runtime.precision) and the round equals the spec computed in float32, bit for bit."""
+    lr, lam, eta = 0.5, 0.3, 0.2
+    algorithm = sheaf(lr=lr, lam=lam, map_lr=eta, gamma=0.5, init_std=0.3)
+    generator = torch.Generator().manual_seed(5)
+    states, ctxs = {}, {}
+    for i in range(3):
+        model = build_model("logreg", (1, 2, 2), 3)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+        states[i], ctxs[i] = State(model=model), context(client_name(i), round_index=1)
+        algorithm.init_maps(states[i], dims_inbox(i, {j: 15 for j in PATH.neighbours(i)}), ctxs[i])
+    thetas = {i: algorithm.flat_theta(s.model) for i, s in states.items()}
+    maps = {i: {j: m.clone() for j, m in s.extras["maps"].items()} for i, s in states.items()}
+    expected_thetas, expected_maps, expected_sent = spec_round(lr, lam, eta, thetas, maps)
+
+    with precision("bf16-mixed", "cpu"):
+        assert (maps[0][1] @ thetas[0]).dtype == torch.bfloat16  # autocast is on
+        with DtypesSeen() as seen:
+            outboxes = {i: algorithm.projections(s, ctxs[i], thetas[i]) for i, s in states.items()}
+            inboxes = deliver(outboxes)
+            outboxes = {
+                i: algorithm.theta_step(s, inboxes[i], ctxs[i])[1] for i, s in states.items()
+            }
+            inboxes = deliver(outboxes)
+            for i, state in states.items():
+                algorithm.map_step(state, inboxes[i], ctxs[i])
+    assert seen.dtypes == {torch.float32}
+    for i, outbox in outboxes.items():
+        for message in outbox:
+            sent = message.tensors["projection"]
+            assert sent.dtype == torch.float32 and payload_bits(message.tensors) == 32 * 7
+            assert torch.equal(sent, expected_sent[i][int(message.dst.split("/")[1])])
+    for i, state in states.items():
+        assert torch.equal(algorithm.flat_theta(state.model), expected_thetas[i])
+        for j, matrix in state.extras["maps"].items():
+            assert torch.equal(matrix, expected_maps[i][j]), (i, j)
 
 
 def test_identity_maps_on_unequal_clients_are_refused_before_the_run():

@@ -86,7 +86,7 @@ def test_custom_tasks_and_users_and_the_split_is_deterministic(labels):
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        ({"num_clients": 9}, "partition.num_clients"),
+        ({"num_clients": 9}, "data.num_clients"),
         ({"task_users": [5, 5]}, "partition.task_users"),
         ({"task_classes": [[0, 1], [1, 2]], "task_users": [5, 5]}, "partition.task_classes"),
         ({"minority_fraction": 1.0}, "partition.minority_fraction"),

@@ -5,7 +5,7 @@ Ray's object store: `put` is called in the sending actor and `get` in the
 receiving one, so tensors move actor to actor and never through the driver.
 An actor's constructor keeps its spec only; the executor then calls `build`, so an error
 while building (a plugin, the data) comes back as that error, not as a dead actor. An actor
-kept for the next federation of the driver (actor_pool.py) is handed that federation's spec
+kept for the next federation of the driver (runtime/actors/pool.py) is handed that federation's spec
 by `attach`, which drops everything of the host it was before.
 """
 
@@ -64,7 +64,7 @@ class ObjectStoreHost(ParticipantHost):
         return True
 
     def warm_start(self) -> float:
-        """For an actor `raymtl up` keeps warm (warm.py): pay now what a fresh actor pays in
+        """For an actor `raymtl up` keeps warm (warm/service.py): pay now what a fresh actor pays in
         its first federation, the imports of its build, the optimiser's first step
         (torch._dynamo) and FLOP counting's; seconds taken. The actor is left as it was (no
         host attached)."""
@@ -174,7 +174,7 @@ def start_actor(kind: ActorKind, name: str, spec=None, **options):
     """A host actor of `kind` named `name` (`options`: more of Ray's, e.g. its scheduling
     strategy or namespace): clients with their CPUs and GPUs, coordinators with none, the
     graph service with no spec (it is `attach`ed one). Used by the executor and by
-    `raymtl up`'s pool (warm.py), whose actors have no spec until a run attaches one."""
+    `raymtl up`'s pool (warm/service.py), whose actors have no spec until a run attaches one."""
     if kind.role == "graph":
         return GraphActor.options(name=name, **options).remote()
     resources = {"num_cpus": kind.num_cpus}

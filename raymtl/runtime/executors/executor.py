@@ -1,9 +1,13 @@
 """Executors: where hosts live. InlineExecutor (one process) and RayExecutor (actors).
 
-Both drive the same `ParticipantHost` code; the executor only decides where a
-host runs and how calls to it are made and awaited. Every call returns what it brought
-back together with the client hosts lost during it (results.py), so the round loop records
-a loss in the round it happened in.
+Both drive the same `ParticipantHost` code; the executor only starts hosts, calls them and
+shuts them down. Every call returns what it brought back together with the client hosts
+lost during it (results.py), so the round loop records a loss in the round it happened in.
+
+What is not a call lives beside it, behind what the executor holds: which host holds which
+participants (`members`, membership.py), where hosts go (`placement`, placement.py), what
+their machines have (`probes`, probes.py), the peer graph (topology.py: on its
+`graph_service`), and runtime.inject_faults' kills (runtime/faults.py `kill_host`).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from abc import ABC, abstractmethod
 
 from raymtl.algorithms.base import EVERY_CLIENT, Phase, role_of
 from raymtl.config import ConfigError, RuntimeConfig
-from raymtl.graph.mixing import mixing_from_topology
+from raymtl.runtime.executors.membership import Membership
+from raymtl.runtime.executors.placement import Placement
+from raymtl.runtime.executors.probes import Probes
 from raymtl.runtime.hosts.host import HostSpec, ParticipantHost
 from raymtl.runtime.results import Answer, PhaseResult
 from raymtl.runtime.router import Envelope
@@ -43,31 +49,22 @@ def build_error(host: str, error: BaseException) -> ConfigError:
 
 
 class Executor(ABC):
-    """Starts hosts, runs phases on them, gathers metrics and checkpoints."""
+    """Starts hosts, calls them (the round loop's calls), shuts them down."""
+
+    # The actor peer graphs are computed on (topology.py; Ray's graph service); None: here.
+    graph_service = None
 
     def __init__(self, runtime: RuntimeConfig):
         self.runtime = runtime
         self.hosts: dict[str, object] = {}
-        self.members: dict[str, tuple[str, ...]] = {}  # host name -> participants
+        self.members = Membership()  # host name -> participants
         self.specs: dict[str, HostSpec] = {}
         self.nodes: dict[str, str] = {}  # host name -> the node it runs on
         # min_clients_fraction < 1: the participants of client hosts lost for good.
         self.lost: set[str] = set()
-        # Why the client actors hold more clients than runtime.clients_per_actor says (a
-        # node was lost and they no longer fit), in one line, and the nodes lost.
-        self.replanned: str | None = None
-        self.replanned_nodes: list[str] = []
-        self.injected: set[str] = set()  # hosts killed by runtime.inject_faults
-
-    @abstractmethod
-    def clients_per_actor(self, num_clients: int) -> int: ...
-
-    @abstractmethod
-    def peer_mixing(self, kind: str, num_nodes: int, seed: int, params: dict) -> dict: ...
-
-    def share_pools(self, pools: dict) -> dict | None:
-        """Make the decoded pools available to every host (None: each host loads its own)."""
-        return None
+        self.injected: set[str] = set()  # hosts killed by runtime.inject_faults (faults.py)
+        self.placement = Placement(runtime)
+        self.probes = Probes()
 
     @abstractmethod
     def _start_host(self, name: str, role: str, spec: HostSpec):
@@ -95,23 +92,22 @@ class Executor(ABC):
             self.specs[name] = spec
         up = time.perf_counter()
         builds = self._build(list(self.hosts)) or {}
-        seconds = {"hosts_up_s": self.hosts_up_seconds(up - began), "build_s": 0.0}
-        seconds["build_s"] = time.perf_counter() - began - seconds["hosts_up_s"]
+        seconds = {"hosts_up_s": up - began, "build_s": time.perf_counter() - up}
         for part in ("setup_s", "checkpoint_s", "warm_up_s"):
             seconds[part] = max((b.get(part, 0.0) for b in builds.values()), default=0.0)
         return seconds
 
-    def hosts_up_seconds(self, started: float) -> float:
-        """Seconds until every host answered (Ray: placed and started, `_await_placement`);
-        in process, the hosts' construction."""
-        return started
+    def call(self, method: str, calls: dict[str, tuple]) -> Answer:
+        """Call `method(*args)` on each named host (`calls`: host name -> args), in
+        parallel: the results by host, and the client hosts lost meanwhile."""
+        return self._call(method, calls)
 
     def run_phase(
         self, round_index: int, phase: Phase, inboxes: dict, sampled: tuple[int, ...]
     ) -> PhaseResult:
         """Run a phase on every host holding one of the inboxes' participants."""
         by_host: dict[str, dict] = {}
-        host_of = self.host_of()
+        host_of = self.members.host_of()
         for participant, inbox in inboxes.items():  # the phase's participants only: not N
             if participant in host_of:
                 by_host.setdefault(host_of[participant], {})[participant] = inbox
@@ -123,17 +119,14 @@ class Executor(ABC):
                 result.add(answer.value[name])
         return result
 
-    def client_hosts(self) -> list[str]:
-        return [name for name, members in self.members.items() if role_of(members[0]) == "client"]
-
     def evaluate(self, participants=None) -> Answer:
         """Per-client test metrics from every client host (rows sorted by client); of the
         `participants` only, when given (a sample: eval_fraction)."""
         if participants is None:
-            calls = {name: () for name in self.client_hosts()}
+            calls = {name: () for name in self.members.client_hosts()}
         else:
             chosen, calls = set(participants), {}
-            for name in self.client_hosts():
+            for name in self.members.client_hosts():
                 mine = [p for p in self.members[name] if p in chosen]
                 if mine:
                     calls[name] = (mine,)
@@ -147,9 +140,9 @@ class Executor(ABC):
         """Hand each client host the evaluation copies for its clients: every distinct
         payload once per host, however many of its clients share it; a copy to EVERY_CLIENT
         goes to every client host as one payload (the clients' own copies over it)."""
-        host_of = self.host_of()
+        host_of = self.members.host_of()
         every = [e for e in envelopes if e.dst == EVERY_CLIENT]
-        mine: dict[str, list[Envelope]] = {name: [] for name in self.client_hosts()}
+        mine: dict[str, list[Envelope]] = {name: [] for name in self.members.client_hosts()}
         for envelope in envelopes:
             if envelope.dst != EVERY_CLIENT and envelope.dst in host_of:
                 mine.setdefault(host_of[envelope.dst], []).append(envelope)
@@ -167,69 +160,10 @@ class Executor(ABC):
             calls[name] = (payloads, {e.dst: distinct[id(e.payload)] for e in own}, default)
         return Answer(None, self._call("hold_for_evaluation", calls).lost)
 
-    def state_report(self) -> Answer:
-        """Clients' kept state over every client host: bytes resident and spilled."""
-        answer = self._call("state_report", {name: () for name in self.client_hosts()})
-        total: dict[str, int] = {}
-        for report in answer.value.values():
-            for key, value in report.items():
-                total[key] = total.get(key, 0) + value
-        return Answer(total, answer.lost)
-
-    def state(self, participant: str) -> Answer:
-        """What `participant` keeps between rounds, fetched from its host (None: no host of
-        this federation holds it)."""
-        hosts = [name for name, members in self.members.items() if participant in members]
-        answer = self._call("state", {name: (participant,) for name in hosts})
-        return Answer(next(iter(answer.value.values()), None), answer.lost)
-
-    def settle_nodes(self, nodes, timeout: float) -> list[str]:
-        """Wait until each node of `nodes` (where lost hosts ran) is declared dead or is seen
-        alive, at most `timeout` seconds; the dead ones (inline: no nodes)."""
-        return []
-
-    def torch_sees_gpu(self) -> bool | None:
-        """Whether torch sees a GPU where client hosts run (None: not known)."""
-        import torch
-
-        return torch.cuda.is_available()
-
-    def gpu_memory(self) -> int | None:
-        """Bytes of memory of the GPU a client host trains on (None: none, or not known)."""
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        return torch.cuda.get_device_properties(0).total_memory
-
-    def memory_available(self) -> int:
-        """Memory the hosts may use: this machine's (inline), the cluster's (Ray)."""
-        from raymtl.runtime.hosts.memory import available_memory
-
-        return available_memory()
-
-    def layout(self) -> dict[str, dict]:
-        """Where each host runs (hosts.parquet): its node and actor, the CPUs and GPUs its
-        actor asked for, the device its clients train on. In process: the driver's."""
-        return {
-            name: {
-                "node": "driver",
-                "actor": "",
-                "num_cpus": float("nan"),
-                "num_gpus": 0.0,
-                "device": spec.device,
-            }
-            for name, spec in self.specs.items()
-        }
-
-    def kill_host(self, name: str) -> None:
-        """runtime.inject_faults: kill host `name` as a crashed process would be. In process
-        a host cannot be killed (the config refuses inject_faults without Ray)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot kill host {name}")
-
-    def peak_memory(self) -> Answer:
-        """Peak resident bytes of every host's process (inline: all the same process)."""
-        return self._call("peak_memory", {name: () for name in self.hosts})
+    def save(self, directory: str) -> Answer:
+        """Every host writes its own participants' state (nothing goes through the driver);
+        the value: each host's {file name: sha256} of what it wrote (for the manifest)."""
+        return self._call("save", {name: (directory,) for name in self.hosts})
 
     def drop(self, name: str, method: str, detail: str) -> dict:
         """Go on without client host `name` (its participants are lost for good); the row
@@ -241,85 +175,40 @@ class Executor(ABC):
             "during": method,
             "participants": list(self.members[name]),
             "error": detail,
+            "injected": name in self.injected,
         }
         for table in (self.hosts, self.members, self.specs):
             table.pop(name, None)
         return row
 
-    def participants(self) -> list[str]:
-        """Every participant the hosts hold now."""
-        return [p for members in self.members.values() for p in members]
-
-    def _positions(self) -> dict[str, int]:
-        """Participant -> its place in `participants()`, rebuilt when the hosts change."""
-        layout = tuple((name, id(members)) for name, members in self.members.items())
-        if getattr(self, "_layout", None) != layout:
-            self._layout = layout
-            self._position = {p: k for k, p in enumerate(self.participants())}
-            self._host = {p: name for name, members in self.members.items() for p in members}
-            self._of_role: dict[str, list[str]] = {}
-            for participant in self._position:
-                self._of_role.setdefault(role_of(participant), []).append(participant)
-        return self._position
-
-    def host_of(self) -> dict[str, str]:
-        """Participant -> the host holding it now."""
-        self._positions()
-        return self._host
-
-    def participants_of(self, role: str) -> list[str]:
-        """The participants of `role` the hosts hold now, in the hosts' order."""
-        self._positions()
-        return self._of_role.get(role, [])
-
-    def holds(self, participant: str) -> bool:
-        """Whether a host holds `participant` now (a lost host's do not count)."""
-        return participant in self._positions()
-
-    def order_of(self, participant: str) -> int:
-        """`participant`'s place among `participants()` (the hosts' order)."""
-        return self._positions().get(participant, len(self._position))
-
-    def probe(self, directory: str) -> dict[str, bool]:
-        """Each host writes `<directory>/<host>` and reports whether it sees the driver's
-        marker there (checkpoints.check_shared)."""
-        return self._call("probe", {name: (directory, name) for name in self.hosts}).value
-
-    def save(self, directory: str) -> Answer:
-        """Every host writes its own participants' state (nothing goes through the driver);
-        the value: each host's {file name: sha256} of what it wrote (for the manifest)."""
-        return self._call("save", {name: (directory,) for name in self.hosts})
-
     def shutdown(self, keep: bool = False) -> None:
         """Stop the hosts. `keep`: the federation ended cleanly or rolls back to replay, so
         the processes that still answer may serve the next one (the Ray executor's reuse
         session; in process, nothing to keep)."""
-        self._close_hosts()
-        self._forget_hosts()
+        close_hosts(self, self.members.client_hosts())
 
-    def _forget_hosts(self) -> None:
-        self.hosts.clear()
-        self.members.clear()
-        self.specs.clear()
 
-    def _close_hosts(self, names: list[str] | None = None) -> None:
-        """Client hosts (`names`, or all) remove their spilled state."""
-        names = self.client_hosts() if names is None else names
-        try:  # spilled client state is local scratch: remove it
-            self._call("close", {name: () for name in names})
-        except Exception as error:  # a lost host's scratch is gone with its node or process
-            log.info("closing hosts: %s", error)
+def participant_state(executor: Executor, participant: str) -> Answer:
+    """What `participant` keeps between rounds, fetched from its host (None: no host of
+    the executor holds it)."""
+    hosts = [name for name, members in executor.members.items() if participant in members]
+    answer = executor.call("state", {name: (participant,) for name in hosts})
+    return Answer(next(iter(answer.value.values()), None), answer.lost)
+
+
+def close_hosts(executor: Executor, names: list[str]) -> None:
+    """Client hosts `names` remove their spilled state (local scratch); then the executor
+    forgets every host. A lost host's scratch is gone with its node or process."""
+    try:
+        executor.call("close", {name: () for name in names})
+    except Exception as error:
+        log.info("closing hosts: %s", error)
+    for table in (executor.hosts, executor.members, executor.specs):
+        table.clear()
 
 
 class InlineExecutor(Executor):
     """Hosts are plain objects in this process: for tests, debugging and parity."""
-
-    def clients_per_actor(self, num_clients: int) -> int:
-        limit = self.runtime.clients_per_actor
-        return num_clients if limit == "auto" else limit
-
-    def peer_mixing(self, kind, num_nodes, seed, params):
-        return mixing_from_topology(kind, num_nodes, seed, params)
 
     def _start_host(self, name, role, spec):
         return ParticipantHost(spec)

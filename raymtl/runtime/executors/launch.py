@@ -1,6 +1,6 @@
 """Where a federation's hosts run: the executor runtime.executor names, and the Ray it needs
-(joined at runtime.address; else the `raymtl up` service's, warm.py; else started here; one
-already running in this process is reused)."""
+(joined at runtime.address; else the `raymtl up` service's, warm/service.py; else started
+here; one already running in this process is reused)."""
 
 from __future__ import annotations
 
@@ -41,11 +41,10 @@ def inline_executors(cfg: ExperimentConfig) -> ExecutorMaker:
 def ray_executors(cfg: ExperimentConfig) -> ExecutorMaker:
     import ray
 
-    from raymtl.runtime.executors.ray_executor import RayExecutor, alive_nodes
+    from raymtl.runtime.executors.placement import alive_nodes
+    from raymtl.runtime.executors.ray_executor import RayExecutor
 
     seconds = start_ray(cfg)
-    if POOL.lender is not None and cfg.plugins:  # user modules, which may change by the next
-        POOL.lender.kill_on_return = True  # command: never back to `raymtl up`'s pool
     # The nodes the run starts on: one of them dead later (a recovery, the next seed) makes
     # the executors lay the client actors out on the nodes left.
     nodes = alive_nodes(ray)

@@ -1,8 +1,14 @@
 """Planning a seed's federation: partition the data, build its topology, check that it fits,
 and lay its participants out on hosts (their `HostSpec`s).
 
-Only metadata and sample indices are produced here; each client's data is built
-from (source, indices) inside the actor that hosts it.
+    plan = plan_seed(cfg, seed)          # once per seed: the `Plan` (typed params validated)
+    check_memory(plan)                   # the pre-flight checks only read it
+    specs = lay_out(plan, executor, ...) # at every start of the seed's hosts (recoveries too)
+
+The run's pre-flight check (`check_federation`, before Ray starts) plans the first seed and
+hands that plan to the seed's federation, which plans every other seed itself. Only metadata
+and sample indices are produced here; each client's data is built from (source, indices)
+inside the actor that hosts it.
 """
 
 from __future__ import annotations
@@ -10,12 +16,20 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from raymtl.algorithms.base import SERVER, FederationInfo, client_name, leader_name, lps_name
+from raymtl.algorithms.base import (
+    SERVER,
+    FederationInfo,
+    Params,
+    client_name,
+    leader_name,
+    lps_name,
+)
 from raymtl.algorithms.registry import build_algorithm, get_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.errors import raised, raised_at, source_file
 from raymtl.plugins import search_paths
 from raymtl.runtime.executors.executor import Executor
+from raymtl.runtime.executors.topology import peer_mixing
 from raymtl.runtime.hosts.host import HostSpec
 from raymtl.tasks.assign import assign_tasks
 
@@ -23,36 +37,42 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Setup:
-    """A seed's federation: metadata, client shards and the hosts' specs."""
+class Plan:
+    """A seed's federation as planned, once, before any host starts: what does not depend on
+    where the hosts run. The hosts are laid out from it at each start (`lay_out`)."""
 
-    federation: FederationInfo
-    shards: dict
-    specs: dict[str, HostSpec]
+    cfg: ExperimentConfig
+    seed: int
+    params: Params  # algorithm.params validated by the algorithm's typed model, once
+    federation: FederationInfo  # sizes, tasks and heads, models, peer graph, LPSs
+    pools: dict  # source name -> its decoded pool
+    shards: dict  # client participant -> its ClientShard (indices, task)
+    public: object = None  # data.domains.PublicShard (data.public), or None
 
 
-# The last partition made (its experiment and seed, and what it gave): the pre-flight check
-# (`check_federation`) and the run's set-up (`build_setup`) plan the same seed one after the
-# other, and a million clients' partition takes seconds.
-_LAST_PARTITION: list = [None, None]
+def plan_seed(cfg: ExperimentConfig, seed: int, executor: Executor | None = None) -> Plan:
+    """Plan seed `seed` of `cfg`: its params validated, the data partitioned, the
+    federation's metadata built (the peer graph on `executor`'s graph service, topology.py;
+    here without one) and every model checked on a sample batch (`check_model`).
+
+    Every failure (missing data, a partition the data cannot give, tasks or models that do
+    not fit the source or the algorithm) is one ConfigError line, before any actor starts.
+    """
+    params = cfg.algorithm.typed_params()
+    pools, shards, specs, public = partition(cfg, seed)
+    federation = build_federation(cfg, seed, executor, pools[cfg.data.name], shards, specs)
+    check_model(cfg, federation)
+    by_name = {client_name(s.client_id): s for s in shards}
+    return Plan(cfg, seed, params, federation, pools, by_name, public)
 
 
 def partition(cfg: ExperimentConfig, seed: int):
     """The pools by source name, the clients' shards (indices, task of each client), the
-    tasks and the public set (data.public; None without one); the same experiment and seed
-    planned again is answered from the last plan.
+    tasks and the public set (data.public; None without one).
 
     Every failure (missing data, a partition the data cannot give, tasks that do not fit
     the source or the algorithm) is one ConfigError line, before any actor starts.
     """
-    key = (cfg.model_dump_json(), seed)
-    if _LAST_PARTITION[0] != key:
-        _LAST_PARTITION[:] = [None, _partition(cfg, seed)]  # a failure leaves no stale key
-        _LAST_PARTITION[0] = key
-    return _LAST_PARTITION[1]
-
-
-def _partition(cfg: ExperimentConfig, seed: int):
     from raymtl.data import load_pool
     from raymtl.data.domains import partition_sources
 
@@ -98,12 +118,11 @@ def check_inputs(cfg: ExperimentConfig, pool) -> None:
         raise ConfigError(f"data.partition.{field}: rotates or masks images, not tokens ({where})")
 
 
-def check_federation(cfg: ExperimentConfig) -> None:
-    """Everything about the first seed's federation that can fail, before Ray starts: the
-    partition, the tasks and models (`check_model`), and the memory of the clients' own
-    state."""
-    from raymtl.runtime.executors.executor import InlineExecutor
-
+def check_federation(cfg: ExperimentConfig) -> Plan:
+    """Everything about the first seed's federation that can fail, before Ray starts: its
+    plan (the partition, the tasks and models: `plan_seed`), then the memory of the clients'
+    own state, read from the plan. Returns the plan, for the seed's federation to start
+    from."""
     runtime = cfg.runtime
     if (
         runtime.precision == "bf16-mixed"
@@ -118,26 +137,24 @@ def check_federation(cfg: ExperimentConfig) -> None:
                 "emulated: rounds may take several times fp32's",
                 " / ".join(BF16_CPU_FLAGS),
             )
-    seed = cfg.seeds[0]
-    pools, shards, specs, _ = partition(cfg, seed)
-    federation = build_federation(
-        cfg, seed, InlineExecutor(cfg.runtime), pools[cfg.data.name], shards, specs
-    )
-    check_model(cfg, federation)  # before check_memory builds the models to measure them
-    check_memory(cfg, federation)
+    plan = plan_seed(cfg, cfg.seeds[0])  # the peer graph computed here: no executor yet
+    check_memory(plan)
+    return plan
 
 
 def start_checked_run(cfg: ExperimentConfig, run_dir=None):
     """`check_federation`, then a new run folder for `cfg` (storage/run_dirs.py `start_run`):
     a missing dataset or a partition the data cannot give is a one-line ConfigError before
-    Ray starts and before an empty run folder is left behind."""
+    Ray starts and before an empty run folder is left behind. Returns the run folder (local
+    path, and where the run lives), and the first seed's plan."""
     from raymtl.runtime.storage.run_dirs import start_run
 
-    check_federation(cfg)  # partition, tasks and models: what the algorithm can run
-    return start_run(cfg, run_dir)
+    plan = check_federation(cfg)  # partition, tasks and models: what the algorithm can run
+    local, store = start_run(cfg, run_dir)
+    return local, store, plan
 
 
-def check_memory(cfg: ExperimentConfig, federation: FederationInfo, reported: int | None = None):
+def check_memory(plan: Plan, reported: int | None = None) -> None:
     """Per-client state (Sheaf-FMTL's maps) against runtime.memory_budget (see memory.py).
 
     Without a budget: a local run is held to this machine's available memory (its local Ray
@@ -150,7 +167,8 @@ def check_memory(cfg: ExperimentConfig, federation: FederationInfo, reported: in
     from raymtl.runtime.executors.placement import actors_that_fit, auto_clients_per_actor
     from raymtl.runtime.hosts.memory import available_memory, check_state_memory, parse_bytes
 
-    algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.typed_params())
+    cfg, federation = plan.cfg, plan.federation
+    algorithm = build_algorithm(cfg.algorithm.name, plan.params)
     runtime, n = cfg.runtime, federation.num_clients
     if runtime.memory_budget is not None:
         budget = parse_bytes(runtime.memory_budget)
@@ -195,41 +213,40 @@ def check_task_support(cfg: ExperimentConfig, specs) -> None:
         )
 
 
-def build_setup(
-    cfg: ExperimentConfig,
-    seed: int,
+def lay_out(
+    plan: Plan,
     executor: Executor,
     seed_dir,
     resume_round: int = 0,
     lost: list[str] = (),
-) -> Setup:
-    """Partition the data, build the topology and lay participants out on hosts."""
-    pools, shards, specs, public = partition(cfg, seed)
-    _LAST_PARTITION[:] = [None, None]  # the check's plan is used: a long-lived process keeps none
-    federation = build_federation(cfg, seed, executor, pools[cfg.data.name], shards, specs)
-    check_model(cfg, federation)
+) -> dict[str, HostSpec]:
+    """The hosts' specs for `plan` on `executor`'s hosts, less the participants the run went
+    on without (`lost`): the layout (clients per actor on the room the executor has), the
+    device the clients train on, and the pools shared where the executor shares them."""
+    cfg, federation = plan.cfg, plan.federation
     if cfg.runtime.address and cfg.runtime.memory_budget is None:
-        check_memory(cfg, federation, executor.memory_available())
-    by_name = {client_name(s.client_id): s for s in shards}
+        check_memory(plan, executor.probes.memory_available())
     # Both before the pools travel, so a refusal is cheap; the layout first, as a layout
     # that cannot fit is refused from the cluster's size alone, and the device probe
     # starts a task on a GPU share.
-    layout = surviving_layout(cfg, federation, executor, lost)
-    device = client_device(cfg, executor)
+    layout = surviving_layout(plan, executor, lost)
+    device = client_device(cfg, executor.probes)
     if device == "cuda":
-        check_gpu_fits(cfg, federation, by_name, layout, executor)
-    shared = executor.share_pools(pools)  # once per run in Ray's object store (None inline)
+        check_gpu_fits(plan, layout, executor.probes)
+    # Once per start in Ray's object store (None in process: each host loads its own).
+    shared = executor.placement.share_pools(plan.pools)
     from raymtl.data.shards import ShardTable  # the clients' shards as columns (pickled fast)
 
-    specs = {
+    by_name = plan.shards
+    return {
         name: HostSpec(
             config=cfg,
             federation=federation,
             participants=tuple(members),
             shards=ShardTable([by_name[p] for p in members if p in by_name]),
-            public=public if any(p in by_name for p in members) else None,
+            public=plan.public if any(p in by_name for p in members) else None,
             pools=shared if any(p in by_name for p in members) else None,
-            seed=seed,
+            seed=plan.seed,
             torch_threads=max(1, int(cfg.runtime.num_cpus_per_actor)),
             device=device if members[0].startswith("client") else "cpu",
             checkpoint_root=str(seed_dir),  # a path or a URI (runtime/storage/location.py)
@@ -239,11 +256,13 @@ def build_setup(
         )
         for name, members in layout.items()
     }
-    return Setup(federation, by_name, specs)
 
 
-def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool, shards, specs):
-    """The federation's metadata: sizes, tasks and heads, peer graph (graph service), LPSs."""
+def build_federation(
+    cfg: ExperimentConfig, seed: int, executor: Executor | None, pool, shards, specs
+) -> FederationInfo:
+    """The federation's metadata: sizes, tasks and heads, peer graph (on `executor`'s graph
+    service, topology.py; here without an executor), LPSs."""
     n = cfg.data.num_clients
     return FederationInfo(
         public_size=cfg.data.public.size if cfg.data.public else 0,
@@ -255,7 +274,7 @@ def build_federation(cfg: ExperimentConfig, seed: int, executor: Executor, pool,
         groups=tuple(s.group for s in shards),
         task_specs=tuple(specs),
         models=client_models(cfg, seed, shards, specs),
-        mixing=executor.peer_mixing(cfg.topology.kind, n, seed, cfg.topology.params)
+        mixing=peer_mixing(executor, cfg.topology.kind, n, seed, cfg.topology.params)
         if cfg.shape() == "peer"
         else None,
         **lps_layout(cfg, seed),
@@ -337,11 +356,11 @@ def check_model(cfg: ExperimentConfig, federation: FederationInfo) -> None:
             )
 
 
-def surviving_layout(cfg, federation: FederationInfo, executor: Executor, lost) -> dict:
+def surviving_layout(plan: Plan, executor: Executor, lost) -> dict:
     """host_layout without the participants the run went on without (hosts left empty go)."""
     layout = {
         name: [p for p in members if p not in lost]
-        for name, members in host_layout(cfg, federation, executor).items()
+        for name, members in host_layout(plan.cfg, plan.federation, executor).items()
     }
     return {name: members for name, members in layout.items() if members}
 
@@ -351,7 +370,7 @@ def host_layout(cfg: ExperimentConfig, federation: FederationInfo, executor: Exe
     n = federation.num_clients
     layout = {
         f"clients-{k}": [client_name(i) for i in block]
-        for k, block in enumerate(group_blocks(n, executor.clients_per_actor(n)))
+        for k, block in enumerate(group_blocks(n, executor.placement.clients_per_actor(n)))
     }
     if cfg.shape() in ("star", "hierarchical"):
         layout["server"] = [SERVER]
@@ -366,14 +385,14 @@ def host_layout(cfg: ExperimentConfig, federation: FederationInfo, executor: Exe
     return layout
 
 
-def client_device(cfg: ExperimentConfig, executor: Executor) -> str:
+def client_device(cfg: ExperimentConfig, probes) -> str:
     """Client hosts train on a GPU when the actors ask for one and torch sees it there.
 
     Under Ray the GPU is the actor's (Ray sets its CUDA_VISIBLE_DEVICES), not the driver's:
-    the executor asks a task holding an actor's GPU share (`torch_sees_gpu`). A cluster
-    that declares GPUs torch cannot use (`num_gpus` as a plain resource count) trains on
-    CPU under `device: auto`, and refuses `device: cuda` in one line, before any actor
-    starts: never a traceback inside an actor."""
+    the executor's `probes` ask a task holding an actor's GPU share (`torch_sees_gpu`,
+    probes.py). A cluster that declares GPUs torch cannot use (`num_gpus` as a plain
+    resource count) trains on CPU under `device: auto`, and refuses `device: cuda` in one
+    line, before any actor starts: never a traceback inside an actor."""
     runtime = cfg.runtime
     if runtime.device == "cuda" and runtime.num_gpus_per_actor == 0:
         raise ConfigError("runtime.device: 'cuda' needs runtime.num_gpus_per_actor > 0")
@@ -382,7 +401,7 @@ def client_device(cfg: ExperimentConfig, executor: Executor) -> str:
     )
     if not wants_gpu:
         return "cpu"
-    seen = executor.torch_sees_gpu()  # None: not known
+    seen = probes.torch_sees_gpu()  # None: not known
     if seen is False and runtime.device == "cuda":
         share = f"{runtime.num_gpus_per_actor:g}"
         raise ConfigError(
@@ -393,23 +412,25 @@ def client_device(cfg: ExperimentConfig, executor: Executor) -> str:
     return "cpu" if seen is False else "cuda"
 
 
-def check_gpu_fits(cfg: ExperimentConfig, federation, shards: dict, layout: dict, executor):
+def check_gpu_fits(plan: Plan, layout: dict, probes) -> None:
     """Client hosts on a GPU: what each keeps there against its share of the device's memory
     (memory.client_gpu_bytes), refused in one line before any actor starts. Skipped where the
     device's memory is not known (no task holding a GPU share was placed)."""
     from raymtl.models import build_model
     from raymtl.runtime.hosts.memory import check_gpu_memory, client_gpu_bytes
 
-    device_bytes = executor.gpu_memory()
+    device_bytes = probes.gpu_memory()
     if not device_bytes:
         return
-    algorithm = build_algorithm(cfg.algorithm.name, cfg.algorithm.typed_params())
+    cfg, federation = plan.cfg, plan.federation
+    algorithm = build_algorithm(cfg.algorithm.name, plan.params)
 
     def build(name, num_classes):
         params = cfg.model.params if name in (None, cfg.model.name) else {}
         return build_model(name or cfg.model.name, federation.input_shape, num_classes, **params)
 
-    need = client_gpu_bytes(algorithm, federation, shards, layout, build, cfg.runtime.batch_clients)
+    shards, batch_clients = plan.shards, cfg.runtime.batch_clients
+    need = client_gpu_bytes(algorithm, federation, shards, layout, build, batch_clients)
     check_gpu_memory(need, cfg.runtime.num_gpus_per_actor, device_bytes)
 
 

@@ -32,15 +32,28 @@ def deterministic(on: bool, device: str) -> None:
 
 
 def precision(setting: str, device: str):
-    """runtime.precision (Lightning's names): under bf16-mixed, matmuls and convolutions run
-    in bfloat16 while weights, optimiser state and every other role's maths (aggregation,
-    HCA, graphs) stay in float32."""
+    """runtime.precision (Lightning's names): under bf16-mixed, a client's steps and its
+    evaluation run under bfloat16 autocast (matmuls and convolutions in bfloat16), while
+    weights, optimiser state and every other role's maths (aggregation, HCA, graphs) stay in
+    float32; what the steps send travels in float32 (`float32_on_the_wire`)."""
     if setting != "bf16-mixed":
         return contextlib.nullcontext()
     kind = "cuda" if device.startswith("cuda") else "cpu"
     # No cast cache: a step runs many optimiser steps inside this one context, and cached
     # bfloat16 copies of the weights would freeze them at their first value.
     return torch.autocast(device_type=kind, dtype=torch.bfloat16, cache_enabled=False)
+
+
+def float32_on_the_wire(tensors: dict) -> dict:
+    """A message's tensors under runtime.precision bf16-mixed: a bfloat16 tensor (a product
+    autocast made in a client's step, e.g. FedMuscle's representations) replaced by its
+    float32 copy, in the message's own dict (a dict sent to many peers stays one object).
+    Messages so travel, and are counted, in float32 as under fp32: the setting changes how
+    clients compute, never what the wire carries. Returns `tensors`."""
+    for name, value in tensors.items():
+        if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
+            tensors[name] = value.float()
+    return tensors
 
 
 # CPU flags of native bfloat16 arithmetic (/proc/cpuinfo). Without them torch emulates bf16

@@ -1,7 +1,7 @@
 """A host: the participants one process (or actor) keeps resident, and their steps.
 
 `ParticipantHost` is the whole per-actor logic. The InlineExecutor calls it
-directly; the Ray actors in `actors.py` are this class with Ray's object store
+directly; the Ray actors in `runtime/actors/classes.py` are this class with Ray's object store
 plugged into `put`/`get`. One implementation is what makes the two executors
 give identical results.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import time
 import traceback
 from collections.abc import Mapping
@@ -29,12 +28,17 @@ from raymtl.algorithms.base import (
 from raymtl.algorithms.base import Message as AlgorithmMessage
 from raymtl.algorithms.registry import build_algorithm
 from raymtl.config import ExperimentConfig
-from raymtl.errors import StepFailed, raised, raised_at
+from raymtl.errors import StepFailed, step_raised
 from raymtl.flops import FlopMeter, paused, warm_up_counting
 from raymtl.models.registry import num_params
 from raymtl.plugins import load_plugins
 from raymtl.runtime.hosts.clients import HostedClients, state_budget
-from raymtl.runtime.hosts.compute import deterministic, precision, warm_up
+from raymtl.runtime.hosts.compute import (
+    deterministic,
+    float32_on_the_wire,
+    precision,
+    warm_up,
+)
 from raymtl.runtime.hosts.host_data import HostData, HostModels, client_row
 from raymtl.runtime.hosts.step_warnings import AlgorithmWarnings
 from raymtl.runtime.hosts.uplink import Uplink, reference_of
@@ -48,8 +52,6 @@ from raymtl.runtime.storage.checkpoints import (
 from raymtl.runtime.storage.location import Location
 from raymtl.tasks.objectives import evaluate_stacked, evaluate_together, stacked_rows
 from raymtl.toolbox.sample_level import sample_level
-
-log = logging.getLogger(__name__)
 
 # A client's DP-SGD history in its extras: sampling rate -> steps run (privacy.sample_level)
 SAMPLE_STEPS = "sample_level_steps"
@@ -156,7 +158,7 @@ class ParticipantHost:
         if clients:
             warm_up(self.clients.checkout(clients[0]), self.precision(clients[0]))
 
-    # -- payloads: in-process copies here, Ray's object store in actors.py
+    # -- payloads: in-process copies here, Ray's object store in runtime/actors/classes.py
     def put(self, tensors: dict[str, torch.Tensor]):
         return {name: t.detach().clone() for name, t in tensors.items()}
 
@@ -170,7 +172,7 @@ class ParticipantHost:
         return self.algorithm.init_state(participant, data, self.spec.federation)
 
     def pool(self, source: str):
-        """A source's decoded pool: the object store's copy under Ray (actors.py)."""
+        """A source's decoded pool: the object store's copy under Ray (actors/classes.py)."""
         return self.data.load(source)
 
     def run_phase(
@@ -234,15 +236,13 @@ class ParticipantHost:
 
     def _step_failed(self, phase: Phase, batch: list[str], round_index: int, error) -> StepFailed:
         """What a step raised, as one line naming the algorithm, its class's method, the
-        exception and where it was raised (the step's code, or the built-in code it calls),
-        with the participants, seed and round; the whole traceback goes with it (run.log)."""
+        exception and where it was raised (the step's code, or the built-in code it calls;
+        a hook the step called that raised is named too: `errors.step_raised`), with the
+        participants, seed and round; the whole traceback goes with it (run.log)."""
         method = self._batched(phase) or phase.step
-        cls = type(self.algorithm)
-        line = (
-            f"algorithm {self.config.algorithm.name}: {cls.__qualname__}.{method} raised "
-            f"{raised(error)} ({raised_at(error, cls)}; {'+'.join(batch)}, seed "
-            f"{self.spec.seed}, round {round_index})"
-        )
+        context = f"{'+'.join(batch)}, seed {self.spec.seed}, round {round_index}"
+        step = step_raised(type(self.algorithm), method, error, context)
+        line = f"algorithm {self.config.algorithm.name}: {step}"
         return StepFailed(line, "".join(traceback.format_exception(error)))
 
     def _batched(self, phase: Phase) -> str | None:
@@ -340,6 +340,8 @@ class ParticipantHost:
     def _envelopes(self, outbox, stored: dict, sending: tuple | None = None) -> list[Envelope]:
         envelopes = []
         for message in outbox:
+            if self.config.runtime.precision == "bf16-mixed":
+                float32_on_the_wire(message.tensors)
             if sending is not None and self.uplink.applies(message):
                 envelopes.append(self._uplink_envelope(message, stored, *sending))
                 continue

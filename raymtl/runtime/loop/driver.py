@@ -15,6 +15,7 @@ from pathlib import Path
 from raymtl.config import ExperimentConfig
 from raymtl.metrics import Recorder
 from raymtl.runtime.executors.executor import Executor
+from raymtl.runtime.executors.planning import Plan
 from raymtl.runtime.loop.federation import Federation
 from raymtl.runtime.storage.location import Location, publish
 
@@ -30,6 +31,7 @@ class Driver:
         progress=None,
         store: Location | None = None,
         callbacks=(),
+        plan: Plan | None = None,
     ):
         self.cfg = cfg
         self.run_dir = Path(run_dir)  # the driver's outputs, written here first
@@ -40,6 +42,8 @@ class Driver:
         self.progress = progress  # callable(seed, round, row) or None
         self.callbacks = tuple(callbacks)
         self.recorder = Recorder.load(self.run_dir)
+        # The first seed's plan, made by the run's pre-flight check: handed to its federation.
+        self.plan = plan
 
     def run(self, stop_after: int | None = None) -> None:
         """Run (or resume) every seed; `stop_after` simulates a crash after that round."""
@@ -56,6 +60,7 @@ class Driver:
 
     def run_seed(self, seed: int, stop_after: int | None = None) -> None:
         """One seed to its end (or to a callback's stop), from its last complete checkpoint."""
+        plan, self.plan = self.plan, None  # the federation keeps it; the driver, none
         with Federation(
             self.cfg,
             seed,
@@ -64,6 +69,7 @@ class Driver:
             store=self.store,
             recorder=self.recorder,
             make_executor=self.make_executor,
+            plan=plan,
         ) as federation:
             while not federation.done:
                 event = federation.run_round()

@@ -39,8 +39,8 @@ def run_experiment(
     """Run every seed of `cfg` into a new (or given) run directory: returns it (its URI for
     a run kept at a URI). `progress(seed, round, row)` is called after every round;
     `stop_after` stops (as a crash would) after that round of the first seed."""
-    local, store = start_checked_run(cfg, run_dir)
-    return _drive(cfg, local, store, progress, stop_after, callbacks)
+    local, store, plan = start_checked_run(cfg, run_dir)  # the first seed's plan, checked
+    return _drive(cfg, local, store, progress, stop_after, callbacks, plan)
 
 
 def resume_experiment(
@@ -65,9 +65,11 @@ def resume_experiment(
     return _drive(cfg, local, store, progress, None, callbacks)
 
 
-def _drive(cfg, run_dir: Path, store: Location, progress, stop_after, callbacks) -> Path | str:
+def _drive(
+    cfg, run_dir: Path, store: Location, progress, stop_after, callbacks, plan=None
+) -> Path | str:
     """Run; returns the run directory (a path), or its URI for a run kept at a URI."""
-    driver = Driver(cfg, run_dir, executor_factory(cfg), progress, store, callbacks)
+    driver = Driver(cfg, run_dir, executor_factory(cfg), progress, store, callbacks, plan)
     with reusing_actors(cfg.runtime.reuse_actors):  # one set of actors for every seed
         driver.run(stop_after=stop_after)
     if stop_after is None:

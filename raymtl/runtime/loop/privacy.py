@@ -19,13 +19,14 @@ from raymtl.runtime.loop.sampling import sample_clients
 
 
 class PrivacyLedger:
-    """ε after each round of one seed (NaN without client-level DP)."""
+    """ε after each round of one seed (NaN without client-level DP); `fraction`: the
+    algorithm's sample_fraction (its typed params')."""
 
-    def __init__(self, cfg: ExperimentConfig, seed: int):
+    def __init__(self, cfg: ExperimentConfig, seed: int, fraction: float):
         self.cfg, self.seed = cfg, seed
         self.privacy = cfg.privacy
         self.population = cfg.data.num_clients
-        self.fraction = cfg.algorithm.typed_params().sample_fraction
+        self.fraction = fraction
         self._taken: Counter = Counter()  # local DP: releases per client so far
         self._counted = 0  # rounds counted into _taken
 

@@ -23,6 +23,7 @@ from raymtl.algorithms.base import EVERY_CLIENT, Algorithm, FederationInfo, clie
 from raymtl.config import ExperimentConfig
 from raymtl.metrics import Recorder, fairness_stats
 from raymtl.runtime.executors.executor import Executor
+from raymtl.runtime.executors.probes import state_report
 from raymtl.runtime.faults import dropped_rows
 from raymtl.runtime.hosts.host import evaluation_due
 from raymtl.runtime.loop.accounting import charge, link_direction, round_bits
@@ -75,7 +76,7 @@ class RoundLoop:
     ):
         self.cfg, self.algorithm, self.recorder = cfg, algorithm, recorder
         self.executor, self.federation, self.seed = executor, federation, seed
-        self.privacy = PrivacyLedger(cfg, seed)
+        self.privacy = PrivacyLedger(cfg, seed, algorithm.params.sample_fraction)
         self.printed: set[str] = set()  # the steps' warnings already on the console
         # Evaluation copies not yet handed to the hosts (their next evaluation uses them).
         self.evaluation_copies: dict[str, Envelope] = {}
@@ -127,7 +128,7 @@ class RoundLoop:
         row.update(flops)
         row["flops"] = sum(flops.values())
         row["cum_flops"] = previous["cum_flops"] + row["flops"]
-        report = self.executor.state_report()
+        report = state_report(self.executor)
         self.record_lost(round_index, report.lost)
         row.update(report.value)
         lost_clients = sum(role_of(p) == "client" for p in self.executor.lost)
@@ -161,8 +162,11 @@ class RoundLoop:
             self.record_lost(round_index, result.lost)
             router.deliver(self.seed, round_index, result.envelopes, executor.lost)
             holders.update(result.holders)  # who holds a role (a task leader) this round
-            for table, row in result.tables:
-                self.add_rows(table, round_index, [row])
+            rows_by_table: dict[str, list[dict]] = {}
+            for table, row in result.tables:  # one Arrow chunk per table and phase, not per row
+                rows_by_table.setdefault(table, []).append(row)
+            for table, rows in rows_by_table.items():
+                self.add_rows(table, round_index, rows)
             self.add_rows("warnings", round_index, result.warnings)
             warned.update((w["participant"], w["message"]) for w in result.warnings)
         self.print_warnings(round_index, warned)
@@ -213,10 +217,10 @@ class RoundLoop:
         if phase.who == "sampled":
             chosen = [client_name(i) for i in sampled]
         elif phase.who == "inbox":
-            chosen = sorted(router.waiting(), key=self.executor.order_of)
+            chosen = sorted(router.waiting(), key=self.executor.members.order_of)
         else:
-            return list(self.executor.participants_of(phase.role))
-        return [p for p in chosen if role_of(p) == phase.role and self.executor.holds(p)]
+            return list(self.executor.members.participants_of(phase.role))
+        return [p for p in chosen if role_of(p) == phase.role and self.executor.members.holds(p)]
 
     def evaluate(self, round_index: int, ledger) -> tuple[dict, list[dict]]:
         """Every client (a seeded `eval_fraction` of them) on its own test split: the round's

@@ -165,7 +165,8 @@ def check_shared(directory: Location, executor) -> None:
     """Every host writes a file under `directory` and looks for the driver's: both sides must
     see each other's, or checkpoints written on one node are lost to the others."""
     directory.child("driver").write_text("driver")
-    sees_driver = executor.probe(directory.uri)
+    calls = {name: (directory.uri, name) for name in executor.hosts}  # ParticipantHost.probe
+    sees_driver = executor.call("probe", calls).value
     hidden = [
         name
         for name, seen in sees_driver.items()

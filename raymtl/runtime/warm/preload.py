@@ -2,7 +2,7 @@
 
 A command's own imports (torch, Ray, pandas, raymtl: about 5 s on a 2-core machine,
 benchmarks/RESULTS.md) come before anything it does, even when it joins the warm Ray and
-actors of `raymtl up` (warm.py). So the service also keeps a *preloaded process*
+actors of `raymtl up` (service.py). So the service also keeps a *preloaded process*
 (`serve`): a Python that has imported what a command imports, started nothing (no Ray, no
 thread, no torch op, so it is safe to fork) and waits on a Unix socket,
 $RAYMTL_HOME/preload.sock. The `raymtl` command (`forward`, standard library only) sends it

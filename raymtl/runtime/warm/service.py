@@ -238,7 +238,6 @@ class Lender:
     def __init__(self, pool):
         self.pool = pool
         self.pid = os.getpid()
-        self.kill_on_return = False  # a run with plugins: its actors imported user code
 
     def borrow(self, needed: Counter) -> list[tuple[ActorKind, object]]:
         import ray
@@ -254,8 +253,6 @@ class Lender:
     def give_back(self, actors: list, close: bool) -> None:
         import ray
 
-        if self.kill_on_return:
-            actors = []
         ray.get(self.pool.take_back.remote(self.pid, actors, close))
 
 
