@@ -366,9 +366,8 @@ def test_a_stopped_run_prints_the_resume_command():
     from raymtl.runtime.faults import RunStopped
 
     progress = SimpleNamespace(run_dir="runs/test-1")
-    with pytest.raises(RunStopped) as stopped:
-        with InterruptedRun(progress):
-            raise RunStopped("runtime.max_restarts: 0 recoveries used up; seed 0 round 2")
+    with pytest.raises(RunStopped) as stopped, InterruptedRun(progress):
+        raise RunStopped("runtime.max_restarts: 0 recoveries used up; seed 0 round 2")
     line = str(stopped.value)
     assert line.startswith("runtime.max_restarts: 0 recoveries used up; seed 0 round 2; ")
     assert "`raymtl run --resume runs/test-1` goes on from the last complete checkpoint" in line
