@@ -101,14 +101,13 @@ def similarity_rows(
     from their places in the seeded stream, bit for bit the same values.
     """
     row_ids, column_ids = np.asarray(rows, dtype=np.int64), np.asarray(columns, dtype=np.int64)
+    needed = needed_rows(row_ids, column_ids) if params.similarity == "random" else {}
     if params.similarity == "ones":
         block = np.ones((len(rows), len(columns)))
+    elif needed and draws_needed(needed) < num_clients**2:
+        block = random_block(num_clients, seed, row_ids, column_ids, needed, params.threshold)
     else:
-        needed = needed_rows(row_ids, column_ids)
-        if params.similarity == "random" and draws_needed(needed) < num_clients**2:
-            block = random_block(num_clients, seed, row_ids, column_ids, needed, params.threshold)
-        else:
-            block = similarity_matrix(params, num_clients, seed)[np.ix_(row_ids, column_ids)]
+        block = similarity_matrix(params, num_clients, seed)[np.ix_(row_ids, column_ids)]
     out: dict[int, dict[int, float]] = {}
     for k, values in zip(rows, block.tolist(), strict=True):
         out[k] = dict(zip(columns, values, strict=True))

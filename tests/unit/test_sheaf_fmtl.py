@@ -218,12 +218,10 @@ def deliver(outboxes: dict[int, list[Message]]) -> dict[int, list[Message]]:
     return inboxes
 
 
-def test_a_round_is_the_spec_bit_for_bit():
-    """Three clients on a path, random θ and maps (γ = 0.5): θ-step, map step and the values
-    sent equal the spec computed from scratch, exactly; nothing is left kept after the round."""
-    lr, lam, eta = 0.5, 0.3, 0.2
-    algorithm = sheaf(lr=lr, lam=lam, map_lr=eta, gamma=0.5, init_std=0.3)
-    generator = torch.Generator().manual_seed(11)
+def path_of_three(algorithm, seed: int):
+    """Three logreg clients on PATH with seeded random weights and their maps made: (states,
+    contexts, θ_i, a copy of the maps as they start)."""
+    generator = torch.Generator().manual_seed(seed)
     states, ctxs = {}, {}
     for i in range(3):
         model = build_model("logreg", (1, 2, 2), 3)
@@ -231,10 +229,18 @@ def test_a_round_is_the_spec_bit_for_bit():
             for parameter in model.parameters():
                 parameter.copy_(torch.randn(parameter.shape, generator=generator))
         states[i], ctxs[i] = State(model=model), context(client_name(i), round_index=1)
-        dims = {j: 15 for j in PATH.neighbours(i)}
-        algorithm.init_maps(states[i], dims_inbox(i, dims), ctxs[i])
+        algorithm.init_maps(states[i], dims_inbox(i, {j: 15 for j in PATH.neighbours(i)}), ctxs[i])
     thetas = {i: algorithm.flat_theta(s.model) for i, s in states.items()}
     maps = {i: {j: m.clone() for j, m in s.extras["maps"].items()} for i, s in states.items()}
+    return states, ctxs, thetas, maps
+
+
+def test_a_round_is_the_spec_bit_for_bit():
+    """Three clients on a path, random θ and maps (γ = 0.5): θ-step, map step and the values
+    sent equal the spec computed from scratch, exactly; nothing is left kept after the round."""
+    lr, lam, eta = 0.5, 0.3, 0.2
+    algorithm = sheaf(lr=lr, lam=lam, map_lr=eta, gamma=0.5, init_std=0.3)
+    states, ctxs, thetas, maps = path_of_three(algorithm, seed=11)
     expected_thetas, expected_maps, expected_sent = spec_round(lr, lam, eta, thetas, maps)
 
     # the end of "train" (SGD aside): P_ij θ_i to each neighbour
@@ -278,17 +284,7 @@ def test_under_bf16_mixed_the_map_maths_is_float32_and_fp32s_bit_for_bit():
     runtime.precision) and the round equals the spec computed in float32, bit for bit."""
     lr, lam, eta = 0.5, 0.3, 0.2
     algorithm = sheaf(lr=lr, lam=lam, map_lr=eta, gamma=0.5, init_std=0.3)
-    generator = torch.Generator().manual_seed(5)
-    states, ctxs = {}, {}
-    for i in range(3):
-        model = build_model("logreg", (1, 2, 2), 3)
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.copy_(torch.randn(parameter.shape, generator=generator))
-        states[i], ctxs[i] = State(model=model), context(client_name(i), round_index=1)
-        algorithm.init_maps(states[i], dims_inbox(i, {j: 15 for j in PATH.neighbours(i)}), ctxs[i])
-    thetas = {i: algorithm.flat_theta(s.model) for i, s in states.items()}
-    maps = {i: {j: m.clone() for j, m in s.extras["maps"].items()} for i, s in states.items()}
+    states, ctxs, thetas, maps = path_of_three(algorithm, seed=5)
     expected_thetas, expected_maps, expected_sent = spec_round(lr, lam, eta, thetas, maps)
 
     with precision("bf16-mixed", "cpu"):
