@@ -75,7 +75,7 @@ def client_maps(run_dir: Path) -> pd.DataFrame:
 
 
 def host_of(run_dir: Path, actors: int) -> dict[int, str]:
-    """Client -> its actor's name: contiguous blocks (planning.group_blocks)."""
+    """Client -> its actor's name: contiguous blocks (placement.client_blocks)."""
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     n = config["data"]["num_clients"]
     per_actor = config.get("runtime", {}).get("clients_per_actor", "auto")

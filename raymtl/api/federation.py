@@ -38,9 +38,10 @@ class Federation:
     `overrides`: `a.b=value` assignments applied to it, as `raymtl.run`'s; `seed`: one of
     its seeds (default: the first); `run_dir`: a new run directory by default, or an
     existing one to go on with (its config may only change as `--resume` allows; a seed
-    finished there is refused); `callbacks`: `raymtl.Callback`s: `on_run_start` before the
-    hosts start, `on_round_end` after every round (True stops the seed), `on_run_end` after
-    the summary, once the seed is done and the federation closed."""
+    finished there is refused, unless `overrides` give it more rounds); `callbacks`:
+    `raymtl.Callback`s: `on_run_start` before the hosts start, `on_round_end` after every
+    round (True stops the seed), `on_run_end` after the summary, once the seed is done and
+    the federation closed."""
 
     def __init__(
         self,

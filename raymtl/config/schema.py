@@ -256,6 +256,11 @@ class RuntimeConfig(Section):
             raise ValueError(f"{value!r} is not a positive size; give one like 16GB or 512MiB")
         return value
 
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """`memory_budget` in bytes (None: no budget); the validator has read it already."""
+        return None if self.memory_budget is None else size_in_bytes(self.memory_budget)
+
 
 class OutputConfig(Section):
     dir: str = "runs"

@@ -112,6 +112,10 @@ def test_a_federation_resumes_its_seed_from_the_last_complete_checkpoint(make_co
     pd.testing.assert_frame_equal(final_clients(whole), final_clients(broken))
     with pytest.raises(ConfigError, match=r"^seed: 0 of .* has finished"):
         Federation(cfg, run_dir=broken)
+    with Federation(cfg, run_dir=broken, overrides=["rounds=5"]) as longer:  # as --resume
+        assert (longer.round, longer.cfg.rounds) == (4, 5)
+        assert longer.run_round().round == 5
+    assert pd.read_parquet(broken / "rounds.parquet")["round"].max() == 5
 
 
 class StopAt(Callback):

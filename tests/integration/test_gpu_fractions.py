@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from raymtl.config import ConfigError
-from raymtl.runtime.executors.planning import client_device
+from raymtl.runtime.executors.layout import client_device
 
 SETTINGS = {
     "runtime.executor": "ray",

@@ -84,7 +84,8 @@ def test_complete_needs_every_participants_file(tmp_path):
 
 def test_a_host_never_starts_from_scratch_when_its_checkpoint_is_missing(tmp_path, make_config):
     from raymtl.runtime.executors.executor import InlineExecutor
-    from raymtl.runtime.executors.planning import lay_out, plan_seed
+    from raymtl.runtime.executors.layout import lay_out
+    from raymtl.runtime.executors.planning import plan_seed
     from raymtl.runtime.hosts.host import ParticipantHost
 
     cfg = make_config()

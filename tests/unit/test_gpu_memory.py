@@ -13,7 +13,8 @@ from raymtl.algorithms.registry import get_algorithm
 from raymtl.config import ConfigError
 from raymtl.models import build_model
 from raymtl.runtime.executors.executor import InlineExecutor
-from raymtl.runtime.executors.planning import build_federation, lay_out, partition, plan_seed
+from raymtl.runtime.executors.layout import lay_out
+from raymtl.runtime.executors.planning import plan_seed
 from raymtl.runtime.executors.probes import Probes
 from raymtl.runtime.hosts.memory import STEP_COPIES, check_gpu_memory, client_gpu_bytes
 
@@ -39,9 +40,8 @@ def gpu_executor(runtime, device_bytes: int) -> InlineExecutor:
 
 
 def federation_of(cfg):
-    pools, shards, specs, _ = partition(cfg, 0)
-    federation = build_federation(cfg, 0, None, pools["digits"], shards, specs)
-    return federation, {f"client/{s.client_id}": s for s in shards}
+    plan = plan_seed(cfg, 0)
+    return plan.federation, plan.shards
 
 
 def model_bytes(name: str, classes: int = 10) -> int:

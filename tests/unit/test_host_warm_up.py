@@ -25,7 +25,8 @@ from raymtl.algorithms.training import model_tensors
 from raymtl.config import parse_config
 from raymtl.runtime.executors.executor import InlineExecutor
 from raymtl.runtime.hosts.host import ParticipantHost
-from raymtl.runtime.executors.planning import lay_out, plan_seed
+from raymtl.runtime.executors.layout import lay_out
+from raymtl.runtime.executors.planning import plan_seed
 from raymtl.runtime.router import Envelope
 
 cfg = parse_config(json.loads(sys.argv[1]))

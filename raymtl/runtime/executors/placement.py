@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 
+from raymtl.algorithms.base import client_name
 from raymtl.config import ConfigError, RuntimeConfig
 from raymtl.runtime.faults import RunStopped
 
@@ -42,6 +44,23 @@ def auto_clients_per_actor(num_clients: int, capacity: int) -> int:
     """`clients_per_actor: auto`: the client actors fill the room once, ⌈N / capacity⌉
     clients each (at least one client an actor)."""
     return max(1, math.ceil(num_clients / max(1, capacity)))
+
+
+def clients_per_actor_here(num_clients: int, runtime: RuntimeConfig) -> int:
+    """`clients_per_actor: auto` as a local Ray on this machine lays the actors out."""
+    import torch
+
+    here = {"CPU": runtime.num_cpus or os.cpu_count() or 1, "GPU": torch.cuda.device_count()}
+    room = actors_that_fit({"here": here}, runtime.num_cpus_per_actor, runtime.num_gpus_per_actor)
+    return auto_clients_per_actor(num_clients, room)
+
+
+def client_blocks(num_clients: int, per_host: int) -> dict[str, list[str]]:
+    """Client host name -> its clients, pinned in contiguous blocks of `per_host`."""
+    return {
+        f"clients-{k}": [client_name(i) for i in range(start, min(start + per_host, num_clients))]
+        for k, start in enumerate(range(0, num_clients, per_host))
+    }
 
 
 def fitted_clients_per_actor(num_clients: int, wanted: int, capacity: int) -> int:

@@ -1,14 +1,14 @@
-"""Planning a seed's federation: partition the data, build its topology, check that it fits,
-and lay its participants out on hosts (their `HostSpec`s).
+"""Planning a seed's federation, once per seed: partition the data, build its topology and
+check that it fits, before any host starts.
 
     plan = plan_seed(cfg, seed)          # once per seed: the `Plan` (typed params validated)
     check_memory(plan)                   # the pre-flight checks only read it
-    specs = lay_out(plan, executor, ...) # at every start of the seed's hosts (recoveries too)
 
-The run's pre-flight check (`check_federation`, before Ray starts) plans the first seed and
-hands that plan to the seed's federation, which plans every other seed itself. Only metadata
-and sample indices are produced here; each client's data is built from (source, indices)
-inside the actor that hosts it.
+The hosts are laid out from the plan at each start (layout.py `lay_out`). The run's pre-flight
+check (`check_federation`, before Ray starts) plans the first seed and hands that plan to the
+seed's federation, which plans every other seed itself. Only metadata and sample indices are
+produced here; each client's data is built from (source, indices) inside the actor that hosts
+it.
 """
 
 from __future__ import annotations
@@ -16,21 +16,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from raymtl.algorithms.base import (
-    SERVER,
-    FederationInfo,
-    Params,
-    client_name,
-    leader_name,
-    lps_name,
-)
-from raymtl.algorithms.registry import build_algorithm, get_algorithm
+from raymtl.algorithms.base import Algorithm, FederationInfo, Params, client_name
+from raymtl.algorithms.registry import build_algorithm
 from raymtl.config import ConfigError, ExperimentConfig
 from raymtl.errors import raised, raised_at, source_file
-from raymtl.plugins import search_paths
 from raymtl.runtime.executors.executor import Executor
+from raymtl.runtime.executors.placement import client_blocks, clients_per_actor_here
 from raymtl.runtime.executors.topology import peer_mixing
-from raymtl.runtime.hosts.host import HostSpec
 from raymtl.tasks.assign import assign_tasks
 
 log = logging.getLogger(__name__)
@@ -39,11 +31,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Plan:
     """A seed's federation as planned, once, before any host starts: what does not depend on
-    where the hosts run. The hosts are laid out from it at each start (`lay_out`)."""
+    where the hosts run. The hosts are laid out from it at each start (layout.py `lay_out`)."""
 
     cfg: ExperimentConfig
     seed: int
     params: Params  # algorithm.params validated by the algorithm's typed model, once
+    # Built once from `params`, without models: what the checks and the round loop ask of
+    # it (its phases, what it supports, its state's size). Each host builds its own.
+    algorithm: Algorithm
     federation: FederationInfo  # sizes, tasks and heads, models, peer graph, LPSs
     pools: dict  # source name -> its decoded pool
     shards: dict  # client participant -> its ClientShard (indices, task)
@@ -59,11 +54,14 @@ def plan_seed(cfg: ExperimentConfig, seed: int, executor: Executor | None = None
     not fit the source or the algorithm) is one ConfigError line, before any actor starts.
     """
     params = cfg.algorithm.typed_params()
+    algorithm = build_algorithm(cfg.algorithm.name, params)
     pools, shards, specs, public = partition(cfg, seed)
-    federation = build_federation(cfg, seed, executor, pools[cfg.data.name], shards, specs)
+    pool = pools[cfg.data.name]
+    check_support(cfg, algorithm, pool, specs)
+    federation = build_federation(cfg, seed, executor, algorithm, pool, shards, specs)
     check_model(cfg, federation)
     by_name = {client_name(s.client_id): s for s in shards}
-    return Plan(cfg, seed, params, federation, pools, by_name, public)
+    return Plan(cfg, seed, params, algorithm, federation, pools, by_name, public)
 
 
 def partition(cfg: ExperimentConfig, seed: int):
@@ -88,17 +86,24 @@ def partition(cfg: ExperimentConfig, seed: int):
         shards, specs = assign_tasks(cfg, pools, shards)
     except ValueError as error:  # bad partition for this dataset: a config error
         raise ConfigError(str(error).splitlines()[0]) from None
-    check_task_support(cfg, specs)
-    check_inputs(cfg, pools[cfg.data.name])
     return pools, shards, specs, public
 
 
-def check_inputs(cfg: ExperimentConfig, pool) -> None:
-    """Samples of a kind (images, feature vectors, token ids) the algorithm, the models or
-    the partition's transforms do not read are refused in one line."""
+def check_support(cfg: ExperimentConfig, algorithm: Algorithm, pool, specs) -> None:
+    """What the algorithm and the models read, against the data and its tasks, each refused
+    in one line: clients with different tasks under an algorithm that averages whole
+    models; samples of a kind (images, feature vectors, token ids) the algorithm, the models
+    or the partition's transforms do not read."""
     from raymtl.models import MODELS
+    from raymtl.tasks.spec import tasks_differ
 
-    kind, algorithm = pool.inputs, get_algorithm(cfg.algorithm.name)
+    if tasks_differ(specs) and algorithm.task_support != "different":
+        kinds = ", ".join(f"{s.name} ({s.targets}, {s.outputs} outputs)" for s in specs)
+        raise ConfigError(
+            f"algorithm.name: {cfg.algorithm.name} averages whole models and cannot run "
+            f"clients with different tasks: {kinds}"
+        )
+    kind = pool.inputs
     where = f"data.name: '{cfg.data.name}' gives {kind}"
     if kind not in algorithm.inputs:
         reason = f": {algorithm.input_refusal}" if algorithm.input_refusal else ""
@@ -161,17 +166,13 @@ def check_memory(plan: Plan, reported: int | None = None) -> None:
     runs here); a run joining a cluster (runtime.address) to the memory Ray reports, once
     connected (`reported`): before that it is only printed.
     """
-    import os
-
     from raymtl.models import build_model
-    from raymtl.runtime.executors.placement import actors_that_fit, auto_clients_per_actor
-    from raymtl.runtime.hosts.memory import available_memory, check_state_memory, parse_bytes
+    from raymtl.runtime.hosts.memory import available_memory, check_state_memory
 
-    cfg, federation = plan.cfg, plan.federation
-    algorithm = build_algorithm(cfg.algorithm.name, plan.params)
+    cfg, federation, algorithm = plan.cfg, plan.federation, plan.algorithm
     runtime, n = cfg.runtime, federation.num_clients
     if runtime.memory_budget is not None:
-        budget = parse_bytes(runtime.memory_budget)
+        budget = runtime.memory_budget_bytes
     elif runtime.address:  # a cluster: what Ray reports once connected (never refused before)
         budget = reported if reported is not None else float("inf")
     else:  # what this machine has now (the local Ray runs on it)
@@ -182,17 +183,8 @@ def check_memory(plan: Plan, reported: int | None = None) -> None:
         raise ConfigError(str(error).splitlines()[0]) from None
     per_host = runtime.clients_per_actor
     if per_host == "auto":  # as a local Ray would lay them out (a cluster's: only printed)
-        import torch
-
-        here = {"CPU": runtime.num_cpus or os.cpu_count() or 1, "GPU": torch.cuda.device_count()}
-        room = actors_that_fit(
-            {"here": here}, runtime.num_cpus_per_actor, runtime.num_gpus_per_actor
-        )
-        per_host = auto_clients_per_actor(n, room)
-    hosts = {
-        f"clients-{k}": [client_name(i) for i in block]
-        for k, block in enumerate(group_blocks(n, per_host))
-    }
+        per_host = clients_per_actor_here(n, runtime)
+    hosts = client_blocks(n, per_host)
 
     def build(name, num_classes):
         params = cfg.model.params if name in (None, cfg.model.name) else {}
@@ -201,65 +193,14 @@ def check_memory(plan: Plan, reported: int | None = None) -> None:
     check_state_memory(algorithm, federation, hosts, budget, build)
 
 
-def check_task_support(cfg: ExperimentConfig, specs) -> None:
-    """An algorithm that averages whole models refuses clients with different tasks."""
-    from raymtl.tasks.spec import tasks_differ
-
-    if tasks_differ(specs) and get_algorithm(cfg.algorithm.name).task_support != "different":
-        kinds = ", ".join(f"{s.name} ({s.targets}, {s.outputs} outputs)" for s in specs)
-        raise ConfigError(
-            f"algorithm.name: {cfg.algorithm.name} averages whole models and cannot run "
-            f"clients with different tasks: {kinds}"
-        )
-
-
-def lay_out(
-    plan: Plan,
-    executor: Executor,
-    seed_dir,
-    resume_round: int = 0,
-    lost: list[str] = (),
-) -> dict[str, HostSpec]:
-    """The hosts' specs for `plan` on `executor`'s hosts, less the participants the run went
-    on without (`lost`): the layout (clients per actor on the room the executor has), the
-    device the clients train on, and the pools shared where the executor shares them."""
-    cfg, federation = plan.cfg, plan.federation
-    if cfg.runtime.address and cfg.runtime.memory_budget is None:
-        check_memory(plan, executor.probes.memory_available())
-    # Both before the pools travel, so a refusal is cheap; the layout first, as a layout
-    # that cannot fit is refused from the cluster's size alone, and the device probe
-    # starts a task on a GPU share.
-    layout = surviving_layout(plan, executor, lost)
-    device = client_device(cfg, executor.probes)
-    if device == "cuda":
-        check_gpu_fits(plan, layout, executor.probes)
-    # Once per start in Ray's object store (None in process: each host loads its own).
-    shared = executor.placement.share_pools(plan.pools)
-    from raymtl.data.shards import ShardTable  # the clients' shards as columns (pickled fast)
-
-    by_name = plan.shards
-    return {
-        name: HostSpec(
-            config=cfg,
-            federation=federation,
-            participants=tuple(members),
-            shards=ShardTable([by_name[p] for p in members if p in by_name]),
-            public=plan.public if any(p in by_name for p in members) else None,
-            pools=shared if any(p in by_name for p in members) else None,
-            seed=plan.seed,
-            torch_threads=max(1, int(cfg.runtime.num_cpus_per_actor)),
-            device=device if members[0].startswith("client") else "cpu",
-            checkpoint_root=str(seed_dir),  # a path or a URI (runtime/storage/location.py)
-            resume_round=resume_round,
-            plugin_paths=search_paths(),
-            name=name,
-        )
-        for name, members in layout.items()
-    }
-
-
 def build_federation(
-    cfg: ExperimentConfig, seed: int, executor: Executor | None, pool, shards, specs
+    cfg: ExperimentConfig,
+    seed: int,
+    executor: Executor | None,
+    algorithm: Algorithm,
+    pool,
+    shards,
+    specs,
 ) -> FederationInfo:
     """The federation's metadata: sizes, tasks and heads, peer graph (on `executor`'s graph
     service, topology.py; here without an executor), LPSs."""
@@ -273,7 +214,7 @@ def build_federation(
         tasks=tuple(s.task for s in shards),
         groups=tuple(s.group for s in shards),
         task_specs=tuple(specs),
-        models=client_models(cfg, seed, shards, specs),
+        models=client_models(cfg, seed, algorithm, shards, specs),
         mixing=peer_mixing(executor, cfg.topology.kind, n, seed, cfg.topology.params)
         if cfg.shape() == "peer"
         else None,
@@ -281,7 +222,9 @@ def build_federation(
     )
 
 
-def client_models(cfg: ExperimentConfig, seed: int, shards, specs) -> tuple[str, ...]:
+def client_models(
+    cfg: ExperimentConfig, seed: int, algorithm: Algorithm, shards, specs
+) -> tuple[str, ...]:
     """The model each client trains (`model.mix` / `by_task` / `clients`, or one for all)."""
     from raymtl.config.checks import models_refused
     from raymtl.models.assign import assign_models
@@ -299,7 +242,7 @@ def client_models(cfg: ExperimentConfig, seed: int, shards, specs) -> tuple[str,
         )
     except ValueError as error:
         raise ConfigError(str(error).splitlines()[0]) from None
-    if len(set(models)) > 1 and get_algorithm(cfg.algorithm.name).model_support != "different":
+    if len(set(models)) > 1 and algorithm.model_support != "different":
         raise ConfigError(models_refused(cfg.algorithm.name))
     return models
 
@@ -354,89 +297,6 @@ def check_model(cfg: ExperimentConfig, federation: FederationInfo) -> None:
                 f"{classes} {kind}: its head must output num_classes ({classes}) values (a "
                 f"sample batch of shape {(2, *shape)} gave {gave})"
             )
-
-
-def surviving_layout(plan: Plan, executor: Executor, lost) -> dict:
-    """host_layout without the participants the run went on without (hosts left empty go)."""
-    layout = {
-        name: [p for p in members if p not in lost]
-        for name, members in host_layout(plan.cfg, plan.federation, executor).items()
-    }
-    return {name: members for name, members in layout.items() if members}
-
-
-def host_layout(cfg: ExperimentConfig, federation: FederationInfo, executor: Executor) -> dict:
-    """Host name -> the participants it keeps resident (clients pinned in blocks)."""
-    n = federation.num_clients
-    layout = {
-        f"clients-{k}": [client_name(i) for i in block]
-        for k, block in enumerate(group_blocks(n, executor.placement.clients_per_actor(n)))
-    }
-    if cfg.shape() in ("star", "hierarchical"):
-        layout["server"] = [SERVER]
-    algorithm = get_algorithm(cfg.algorithm.name)
-    if algorithm.uses_graph:
-        layout["graph"] = ["graph"]
-    if algorithm.uses_leaders:  # one light leader host per task group
-        for group in federation.task_groups():
-            layout[f"leader-{group}"] = [leader_name(group)]
-    for k in range(federation.num_lps):
-        layout[f"lps-{k}"] = [lps_name(k)]
-    return layout
-
-
-def client_device(cfg: ExperimentConfig, probes) -> str:
-    """Client hosts train on a GPU when the actors ask for one and torch sees it there.
-
-    Under Ray the GPU is the actor's (Ray sets its CUDA_VISIBLE_DEVICES), not the driver's:
-    the executor's `probes` ask a task holding an actor's GPU share (`torch_sees_gpu`,
-    probes.py). A cluster that declares GPUs torch cannot use (`num_gpus` as a plain
-    resource count) trains on CPU under `device: auto`, and refuses `device: cuda` in one
-    line, before any actor starts: never a traceback inside an actor."""
-    runtime = cfg.runtime
-    if runtime.device == "cuda" and runtime.num_gpus_per_actor == 0:
-        raise ConfigError("runtime.device: 'cuda' needs runtime.num_gpus_per_actor > 0")
-    wants_gpu = runtime.device == "cuda" or (
-        runtime.device == "auto" and runtime.num_gpus_per_actor > 0
-    )
-    if not wants_gpu:
-        return "cpu"
-    seen = probes.torch_sees_gpu()  # None: not known
-    if seen is False and runtime.device == "cuda":
-        share = f"{runtime.num_gpus_per_actor:g}"
-        raise ConfigError(
-            f"runtime.device: 'cuda' but torch sees no GPU where a client actor runs "
-            f"(torch.cuda.is_available() is False in a task given {share} GPU); give "
-            "device: auto (CPU where torch sees none) or device: cpu"
-        )
-    return "cpu" if seen is False else "cuda"
-
-
-def check_gpu_fits(plan: Plan, layout: dict, probes) -> None:
-    """Client hosts on a GPU: what each keeps there against its share of the device's memory
-    (memory.client_gpu_bytes), refused in one line before any actor starts. Skipped where the
-    device's memory is not known (no task holding a GPU share was placed)."""
-    from raymtl.models import build_model
-    from raymtl.runtime.hosts.memory import check_gpu_memory, client_gpu_bytes
-
-    device_bytes = probes.gpu_memory()
-    if not device_bytes:
-        return
-    cfg, federation = plan.cfg, plan.federation
-    algorithm = build_algorithm(cfg.algorithm.name, plan.params)
-
-    def build(name, num_classes):
-        params = cfg.model.params if name in (None, cfg.model.name) else {}
-        return build_model(name or cfg.model.name, federation.input_shape, num_classes, **params)
-
-    shards, batch_clients = plan.shards, cfg.runtime.batch_clients
-    need = client_gpu_bytes(algorithm, federation, shards, layout, build, batch_clients)
-    check_gpu_memory(need, cfg.runtime.num_gpus_per_actor, device_bytes)
-
-
-def group_blocks(num_clients: int, per_host: int) -> list[list[int]]:
-    """Clients pinned to hosts in contiguous blocks."""
-    return [list(range(s, min(s + per_host, num_clients))) for s in range(0, num_clients, per_host)]
 
 
 def lps_layout(cfg: ExperimentConfig, seed: int) -> dict:

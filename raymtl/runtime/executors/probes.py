@@ -5,7 +5,7 @@ a client host trains and its memory, the memory the hosts may use (the executor'
 
 Under Ray the GPU is the actor's (Ray sets its CUDA_VISIBLE_DEVICES), not the driver's: a
 task given a client actor's GPU share is asked what torch sees there, once per share and Ray
-session (`GPU_PROBES`). The planner reads the answer (planning.py `client_device`): a share
+session (`GPU_PROBES`). The planner reads the answer (layout.py `client_device`): a share
 torch cannot use trains on CPU under `device: auto`.
 """
 

@@ -173,10 +173,8 @@ class HostedClients:
 
 def state_budget(config, spec) -> float:
     """A host's share of runtime.memory_budget for its clients' kept state (by clients)."""
-    from raymtl.runtime.hosts.memory import parse_bytes
-
-    budget = config.runtime.memory_budget
+    budget = config.runtime.memory_budget_bytes
     mine = sum(p.startswith("client/") for p in spec.participants)
     if budget is None or not mine:
         return float("inf")
-    return parse_bytes(budget) * mine / spec.federation.num_clients
+    return budget * mine / spec.federation.num_clients

@@ -17,15 +17,6 @@ import os
 from pathlib import Path
 
 from raymtl.config import ConfigError
-from raymtl.config.base import size_in_bytes
-
-
-def parse_bytes(value: int | str) -> int:
-    """12, '12GB', '1.5 GiB' -> bytes (one-line error naming the field otherwise)."""
-    size = size_in_bytes(value)
-    if size is None:
-        raise ConfigError(f"runtime.memory_budget: {value!r} is not a size like 16GB or 512MiB")
-    return size
 
 
 def available_memory() -> int:

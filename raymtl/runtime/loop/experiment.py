@@ -5,20 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from raymtl.config import ExperimentConfig, dump_config
+from raymtl.config import ExperimentConfig
 from raymtl.runtime.actors.pool import reusing_actors
 from raymtl.runtime.executors.launch import executor_factory, start_ray
 from raymtl.runtime.executors.planning import start_checked_run
 from raymtl.runtime.loop.driver import Driver
-from raymtl.runtime.storage.location import Location, fetch, is_uri, publish
-from raymtl.runtime.storage.run_dirs import (
-    check_resumable,
-    checkpoints_config,
-    finish_run,
-    load_run_config,
-    run_location,
-    staging_dir,
-)
+from raymtl.runtime.storage.location import Location, is_uri, publish
+from raymtl.runtime.storage.run_dirs import finish_run, load_run_config, reopen_run, staging_dir
 
 __all__ = [
     "load_run_config",
@@ -49,19 +42,10 @@ def resume_experiment(
     overrides: list[str] = (),
     callbacks=(),
 ) -> Path | str:
-    """Continue an interrupted run from its last complete checkpoint."""
-    saved = load_run_config(run_dir)
+    """Continue an interrupted run from its last complete checkpoint (a finished one, with
+    more rounds, from its last)."""
     cfg = load_run_config(run_dir, list(overrides))
-    checkpoints_config(saved, Location.of(run_dir))  # config.yaml as the checkpoints hold it
-    check_resumable(saved, cfg)
-    local, store = run_location(run_dir)
-    if is_uri(store.uri):  # the outputs so far, from the URI into the staging folder
-        fetch(store, local)
-    if cfg.rounds > saved.rounds:  # a longer run: finished seeds go on from their checkpoint
-        checkpoints = store.child("checkpoints")
-        for seed in checkpoints.entries():
-            checkpoints.child(seed, "DONE").delete()
-        (local / "config.yaml").write_text(dump_config(cfg))
+    local, store = reopen_run(cfg, run_dir)
     return _drive(cfg, local, store, progress, None, callbacks)
 
 

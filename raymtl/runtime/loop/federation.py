@@ -23,12 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raymtl.algorithms.base import client_name
-from raymtl.algorithms.registry import build_algorithm
 from raymtl.config import ExperimentConfig
 from raymtl.metrics import Recorder
 from raymtl.runtime.executors.executor import Executor, participant_state
 from raymtl.runtime.executors.launch import ExecutorMaker, executor_factory
-from raymtl.runtime.executors.planning import Plan, lay_out, plan_seed, start_checked_run
+from raymtl.runtime.executors.layout import lay_out
+from raymtl.runtime.executors.planning import Plan, plan_seed, start_checked_run
 from raymtl.runtime.loop.accounting import CUMULATIVE, resumed_totals
 from raymtl.runtime.loop.events import RoundEvent
 from raymtl.runtime.loop.recovery import Recovery
@@ -84,7 +84,6 @@ class Federation:
         self.make_executor = ExecutorMaker.of(make_executor or executor_factory(cfg))
         # The seed's plan (planning.py), made once: by the pre-flight check, or at the start.
         self.plan = plan if plan is not None and plan.seed == self.seed else None
-        self.algorithm = None  # built with the plan's params when the hosts first start
         self.seed_dir = self.store.child("checkpoints", f"seed{self.seed}")
         self.round = 0  # the last finished round
         self.stopped = False  # a callback stopped the seed
@@ -173,8 +172,6 @@ class Federation:
         lost = list(manifest.get("lost", []))  # the federation as that checkpoint holds it
         if self.plan is None:  # once per seed: a recovery lays the same plan out again
             self.plan = plan_seed(self.cfg, self.seed, executor)
-        if self.algorithm is None:  # the driver only asks it for its phases: no models
-            self.algorithm = build_algorithm(self.cfg.algorithm.name, self.plan.params)
         specs = lay_out(self.plan, executor, self.seed_dir, start, lost)
         planned = time.perf_counter()
         executor.lost = set(lost)
@@ -184,7 +181,7 @@ class Federation:
         self.recorder.add_rows("startup", [row])
         self._wall, self._cumulative = resumed_totals(self.recorder.rounds(), self.seed, start)
         self._loop = RoundLoop(
-            self.cfg, self.algorithm, self.recorder, executor, self.plan.federation, self.seed
+            self.cfg, self.plan.algorithm, self.recorder, executor, self.plan.federation, self.seed
         )
 
     def advance(self) -> RoundEvent:

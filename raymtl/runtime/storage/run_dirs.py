@@ -89,13 +89,19 @@ def start_run(cfg: ExperimentConfig, run_dir: str | Path | None = None) -> tuple
 
 def reopen_run(cfg: ExperimentConfig, run_dir: str | Path) -> tuple[Path, Location]:
     """An existing run (a path or a URI) to go on with `cfg`, which may only change what a
-    resume may change; the outputs so far are fetched from a URI."""
+    resume may change; the outputs so far are fetched from a URI. With more rounds than it
+    ran, its finished seeds go on from their last checkpoint."""
     saved = load_run_config(run_dir)
-    checkpoints_config(saved, Location.of(run_dir))
+    checkpoints_config(saved, Location.of(run_dir))  # config.yaml as the checkpoints hold it
     check_resumable(saved, cfg)
     local, store = run_location(run_dir)
-    if is_uri(store.uri):
+    if is_uri(store.uri):  # the outputs so far, from the URI into the staging folder
         fetch(store, local)
+    if cfg.rounds > saved.rounds:  # a longer run: finished seeds are open again
+        checkpoints = store.child("checkpoints")
+        for seed in checkpoints.entries():
+            checkpoints.child(seed, "DONE").delete()
+        (local / "config.yaml").write_text(dump_config(cfg))
     return local, store
 
 
